@@ -1,0 +1,46 @@
+# pg2sink developer entry points. `make demo` and `make test` work on a fresh
+# Debian 12 machine with Python 3.11: they install what is missing first.
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup system venv check test test-fast demo services services-stop bench-stream clean
+
+setup: system venv
+
+system:
+	@bash scripts/setup-system.sh
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "setup: $(PYTHON) not found"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+check: venv
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+demo: setup
+	@bash scripts/demo.sh
+
+services: setup
+	@$(PY) scripts/services.py start
+
+services-stop:
+	@$(PYTHON) scripts/services.py stop
+
+bench-stream: setup
+	$(PY) bench/stream.py
+
+clean:
+	rm -rf $(VENV) .services .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,91 @@
+"""Connecting to PostgreSQL and checking that it can do logical replication.
+
+Every check turns a server-side problem into one actionable line (a
+ServerConfigError) before streaming starts, instead of an obscure failure
+later in the replication protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from pg2sink.config import REPLICATION_SESSION_SETTINGS, SecretDsn
+from pg2sink.errors import ConnectError, ServerConfigError
+
+log = logging.getLogger(__name__)
+
+#: Oldest server with everything pg2sink relies on (pgoutput proto 1, logical
+#: decoding messages, ALTER PUBLICATION ... ADD TABLE).
+MIN_SERVER_VERSION = 100000
+
+
+def _session_options() -> str:
+    return " ".join(f"-c {k}={v}" for k, v in REPLICATION_SESSION_SETTINGS.items())
+
+
+def connect(
+    dsn: SecretDsn, *, replication: bool = False, application_name: str = "pg2sink"
+) -> psycopg.Connection[TupleRow]:
+    """Open an autocommit connection; ConnectError with a redacted, one-line reason."""
+    kwargs: dict[str, Any] = {"autocommit": True, "application_name": application_name}
+    if replication:
+        kwargs["replication"] = "database"
+        kwargs["options"] = _session_options()
+    try:
+        return psycopg.connect(dsn.reveal(), **kwargs)
+    except psycopg.OperationalError as e:
+        reason = " ".join(str(e).split())
+        pw = dsn.password
+        if pw:
+            reason = reason.replace(pw, "***")
+        raise ConnectError(
+            f"cannot connect to PostgreSQL ({dsn.redacted()}): {reason}. "
+            "Check --source / PG2SINK_SOURCE or the PGHOST, PGPORT, PGUSER, PGDATABASE variables."
+        ) from None
+
+
+def check_server(conn: psycopg.Connection[TupleRow]) -> None:
+    """Refuse servers that cannot stream: old versions, wal_level, role privileges."""
+    version = conn.info.server_version
+    if version < MIN_SERVER_VERSION:
+        raise ServerConfigError(
+            f"PostgreSQL {version // 10000} is too old: pg2sink needs PostgreSQL 10 or newer"
+        )
+    row = conn.execute(
+        "SELECT current_setting('wal_level'), r.rolreplication, r.rolsuper, current_user,"
+        " current_setting('max_replication_slots')::int"
+        " FROM pg_roles r WHERE r.rolname = current_user"
+    ).fetchone()
+    assert row is not None
+    wal_level, can_replicate, is_super, user, max_slots = row
+    if wal_level != "logical":
+        raise ServerConfigError(
+            f"wal_level is '{wal_level}' but logical replication needs 'logical': "
+            "set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) "
+            "and restart PostgreSQL"
+        )
+    if not (can_replicate or is_super):
+        raise ServerConfigError(
+            f"role {user!r} may not use replication: run ALTER ROLE {user} REPLICATION "
+            "as a superuser (and grant it ownership of the published tables)"
+        )
+    if max_slots == 0:
+        raise ServerConfigError(
+            "max_replication_slots is 0: set it to at least 1 in postgresql.conf and restart"
+        )
+
+
+def primary_key_columns(conn: psycopg.Connection[TupleRow], relid: int) -> tuple[str, ...]:
+    """Names of the primary-key columns of a table, in key order (empty when none)."""
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_index i"
+        " CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)"
+        " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+        " WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.ord",
+        (relid,),
+    ).fetchall()
+    return tuple(r[0] for r in rows)

@@ -1,0 +1,62 @@
+"""The public records: Schema and Modification (DESIGN.md §2, README "Records").
+
+These two classes are the product's contract with consumers; every sink
+encodes them (JSON lines in the file sink, Avro on Kafka) without changing
+their meaning. Values inside `before`/`after` are typed Python values
+produced by changelog.typemap (int, Decimal, datetime, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class Operation(StrEnum):
+    INSERT = "INSERT"
+    UPDATE = "UPDATE"
+    DELETE = "DELETE"
+    TRUNCATE = "TRUNCATE"
+    IMPORT = "IMPORT"
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """The Avro record schema of a table's rows, emitted when it is first seen or changes."""
+
+    timestamp: datetime
+    """Commit time of the transaction in which the shape was seen."""
+    lsn: int
+    namespace: str
+    name: str
+    schema: dict[str, Any]
+    """Avro record schema (fastavro/JSON form), see changelog.typemap.avro_row_schema."""
+    relation_id: int = 0
+    """The table's OID (internal; not part of the encoded record)."""
+    primary_key: tuple[str, ...] = ()
+    """Primary-key column names, in key order (also in schema['pg.primary_key'])."""
+
+
+@dataclass(frozen=True, slots=True)
+class Modification:
+    """One row change, as committed."""
+
+    timestamp: datetime
+    """Commit time of the transaction."""
+    sequence: int
+    """0-based position of this change within its transaction."""
+    lsn: int
+    """WAL position of the change (XLogData start of its pgoutput message)."""
+    xid: int
+    operation: Operation
+    namespace: str
+    name: str
+    before: dict[str, object] | None
+    """Old row (REPLICA IDENTITY FULL) or old key (DEFAULT/INDEX: DELETE, key change)."""
+    after: dict[str, object] | None
+    """New row for INSERT, UPDATE and IMPORT; None for DELETE and TRUNCATE."""
+
+
+Record = Schema | Modification

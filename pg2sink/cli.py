@@ -1,0 +1,281 @@
+"""Command line: `pg2sink [stream] [OPTIONS]` and `pg2sink drop`.
+
+Every option can also come from the environment as PG2SINK_<NAME> (upper
+case, dashes as underscores; repeatable options take a comma-separated
+list). Flags win over the environment. Errors the user can fix print one
+line on stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pg2sink import __version__, logs
+from pg2sink.config import SecretDsn, SourceConfig, StreamConfig, parse_duration
+from pg2sink.errors import ConfigError, Pg2SinkError
+
+log = logging.getLogger(__name__)
+
+COMMANDS = ("stream", "drop")
+EXIT_USAGE = 2
+
+
+def _env_name(flag: str) -> str:
+    return "PG2SINK_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _bool_env(name: str) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{name}={value!r} is not a boolean (use true or false)")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add(
+    group: argparse._ActionGroup,
+    *flags: str,
+    help: str,
+    default: Any = None,
+    repeat: bool = False,
+    **kwargs: Any,
+) -> None:
+    """An option whose default comes from PG2SINK_<NAME>, then `default`."""
+    env = _env_name(flags[-1] if flags[-1].startswith("--") else flags[0])
+    raw = os.environ.get(env)
+    if repeat:
+        value: Any = [v.strip() for v in raw.split(",") if v.strip()] if raw else None
+        kwargs["action"] = "append"
+    elif raw is not None:
+        value = raw
+    else:
+        value = default
+    shown = f" (default: {default})" if default not in (None, [], ()) else ""
+    group.add_argument(*flags, default=value, help=f"{help}{shown} [env: {env}]", **kwargs)
+
+
+def _add_source_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("source")
+    _add(
+        g,
+        "--source",
+        help="libpq connection string or URI; without it the libpq variables "
+        "PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, PGSSLMODE... apply",
+        metavar="DSN",
+    )
+    _add(g, "--publication", default="pg2sink", help="publication pg2sink manages")
+    _add(g, "--slot", default="pg2sink", help="logical replication slot (pgoutput)")
+    _add(
+        g,
+        "--schema",
+        repeat=True,
+        help="schema whose tables are published; repeatable (default: public)",
+        metavar="NAME",
+    )
+    _add(
+        g,
+        "-t",
+        "--table",
+        repeat=True,
+        help="only tables matching this psql pattern (e.g. 'public.user*'); repeatable",
+        metavar="PATTERN",
+    )
+    _add(
+        g,
+        "-T",
+        "--exclude-table",
+        repeat=True,
+        help="never tables matching this psql pattern; wins over -t; repeatable",
+        metavar="PATTERN",
+    )
+
+
+def _add_logging_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("logging")
+    _add(
+        g,
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level",
+    )
+    _add(g, "--log-format", default="text", choices=["text", "json"], help="log line format")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="pg2sink",
+        description="Stream committed PostgreSQL changes (logical replication, pgoutput) "
+        "as Schema and Modification records to a sink. `pg2sink [OPTIONS]` is "
+        "`pg2sink stream [OPTIONS]`; see `pg2sink stream --help` for its options.",
+    )
+    parser.add_argument("--version", action="version", version=f"pg2sink {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    stream = sub.add_parser(
+        "stream",
+        help="stream changes to a sink (the default command)",
+        description="Create the publication and slot if missing, keep the publication's "
+        "tables in line with --schema/-t/-T, and stream every committed change to the sink. "
+        "An LSN is confirmed to PostgreSQL only after the sink durably holds everything "
+        "before it; a restart resumes from the slot's confirmed position.",
+    )
+    _add_source_options(stream)
+    g = stream.add_argument_group("sink")
+    _add(g, "--sink", default="file", choices=["file"], help="where records go")
+    _add(
+        g,
+        "--file-path",
+        default="-",
+        help="file sink: JSON-lines file to append to; '-' is standard output",
+        metavar="PATH",
+    )
+    _add(
+        g,
+        "--decode-only",
+        action="store_const",
+        const=True,
+        help="print each decoded pgoutput message readably (to --file-path) and never "
+        "advance the slot",
+    )
+    g = stream.add_argument_group("timing")
+    _add(
+        g,
+        "--heartbeat-interval",
+        default="10s",
+        type=_duration,
+        help="longest time between standby status updates to the server",
+        metavar="DURATION",
+    )
+    _add(
+        g,
+        "--publication-poll-interval",
+        default="10s",
+        type=_duration,
+        help="how often publication membership is reconciled (new tables join)",
+        metavar="DURATION",
+    )
+    _add(
+        g,
+        "--flush-interval",
+        default="1s",
+        type=_duration,
+        help="how often the sink is flushed durably and the flushed LSN confirmed",
+        metavar="DURATION",
+    )
+    _add(
+        g,
+        "--retry-initial",
+        action="store_const",
+        const=True,
+        help="at start, wait and retry while the slot is active elsewhere or the server is "
+        "unreachable (for standby instances)",
+    )
+    _add(
+        g,
+        "--retry-interval",
+        default="5s",
+        type=_duration,
+        help="wait between --retry-initial attempts",
+        metavar="DURATION",
+    )
+    _add_logging_options(stream)
+
+    drop = sub.add_parser(
+        "drop",
+        help="drop the replication slot and the publication, then exit",
+        description="Drop the replication slot and the publication pg2sink uses, then exit. "
+        "Unconfirmed changes in the slot are lost for pg2sink.",
+    )
+    _add_source_options(drop)
+    _add_logging_options(drop)
+    return parser
+
+
+def _source_config(args: argparse.Namespace) -> SourceConfig:
+    dsn = SecretDsn(args.source or "")
+    logs.add_secret(dsn.password)
+    logs.add_secret(os.environ.get("PGPASSWORD"))
+    return SourceConfig(
+        dsn=dsn,
+        publication=args.publication,
+        slot=args.slot,
+        schemas=tuple(args.schema or ["public"]),
+        tables=tuple(args.table or ()),
+        exclude_tables=tuple(args.exclude_table or ()),
+    )
+
+
+def _stream_config(args: argparse.Namespace) -> StreamConfig:
+    for name in ("heartbeat_interval", "publication_poll_interval", "flush_interval"):
+        value = getattr(args, name)
+        if isinstance(value, str):  # came from the environment, not yet parsed
+            setattr(args, name, parse_duration(value))
+    if isinstance(args.retry_interval, str):
+        args.retry_interval = parse_duration(args.retry_interval)
+    return StreamConfig(
+        source=_source_config(args),
+        sink=args.sink,
+        file_path=args.file_path,
+        decode_only=bool(args.decode_only) or _bool_env("PG2SINK_DECODE_ONLY"),
+        heartbeat_interval=args.heartbeat_interval,
+        publication_poll_interval=args.publication_poll_interval,
+        flush_interval=args.flush_interval,
+        retry_initial=bool(args.retry_initial) or _bool_env("PG2SINK_RETRY_INITIAL"),
+        retry_interval=args.retry_interval,
+    )
+
+
+def _normalise_argv(argv: Sequence[str]) -> list[str]:
+    """`pg2sink [OPTIONS]` means `pg2sink stream [OPTIONS]`."""
+    args = list(argv)
+    if not args or (args[0] not in COMMANDS and args[0] not in ("-h", "--help", "--version")):
+        return ["stream", *args]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(_normalise_argv(sys.argv[1:] if argv is None else argv))
+        logs.setup(args.log_level, args.log_format)
+        if args.command == "drop":
+            from pg2sink.service import run_drop
+
+            for line in run_drop(_source_config(args)):
+                print(line)
+            return 0
+        from pg2sink.service import run_stream
+
+        run_stream(_stream_config(args))
+        return 0
+    except ValueError as e:  # a duration from the environment
+        print(f"pg2sink: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Pg2SinkError as e:
+        print(f"pg2sink: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

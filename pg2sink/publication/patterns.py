@@ -1,0 +1,100 @@
+"""psql-style table patterns (`-t` / `-T`), as pg_kinesis and pg_dump accept them.
+
+Rules (https://www.postgresql.org/docs/current/app-psql.html#APP-PSQL-PATTERNS):
+an unquoted `.` separates schema from table; `*` matches any run of
+characters and `?` any one character; unquoted letters fold to lower case;
+inside double quotes everything is literal (and `""` is one quote); other
+regular-expression syntax such as `[0-9]` passes through. Patterns are
+anchored at both ends.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pg2sink.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class TablePattern:
+    """A compiled pattern; `schema` is None when the pattern names no schema."""
+
+    text: str
+    schema: re.Pattern[str] | None
+    table: re.Pattern[str]
+
+    def matches(self, schema: str, table: str) -> bool:
+        if self.schema is not None and not self.schema.fullmatch(schema):
+            return False
+        return self.table.fullmatch(table) is not None
+
+
+def _split(pattern: str) -> list[str]:
+    """Convert each dot-separated part of a psql pattern to a regex."""
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == '"':
+            if quoted and pattern[i + 1 : i + 2] == '"':
+                current.append(re.escape('"'))
+                i += 1
+            else:
+                quoted = not quoted
+        elif quoted:
+            current.append(re.escape(c))
+        elif c == ".":
+            parts.append("".join(current))
+            current = []
+        elif c == "*":
+            current.append(".*")
+        elif c == "?":
+            current.append(".")
+        elif c == "$":
+            current.append(re.escape(c))
+        else:
+            current.append(c.lower())
+        i += 1
+    if quoted:
+        raise ConfigError(f"table pattern {pattern!r} has an unterminated double quote")
+    parts.append("".join(current))
+    return parts
+
+
+def compile_pattern(text: str) -> TablePattern:
+    """Compile one `-t`/`-T` value; ConfigError when it is not a valid pattern."""
+    parts = _split(text)
+    if len(parts) > 3 or any(p == "" for p in parts):
+        raise ConfigError(
+            f"table pattern {text!r} is not of the form table, schema.table or db.schema.table"
+        )
+    try:
+        table = re.compile(parts[-1])
+        schema = re.compile(parts[-2]) if len(parts) >= 2 else None
+    except re.error as e:
+        raise ConfigError(f"table pattern {text!r} is not valid: {e}") from None
+    return TablePattern(text=text, schema=schema, table=table)
+
+
+@dataclass(frozen=True)
+class TableFilter:
+    """Which tables of the selected schemas belong in the publication."""
+
+    include: tuple[TablePattern, ...] = ()
+    exclude: tuple[TablePattern, ...] = ()
+
+    @classmethod
+    def from_patterns(cls, include: tuple[str, ...], exclude: tuple[str, ...]) -> TableFilter:
+        return cls(
+            include=tuple(compile_pattern(p) for p in include),
+            exclude=tuple(compile_pattern(p) for p in exclude),
+        )
+
+    def wants(self, schema: str, table: str) -> bool:
+        # -T wins over -t; no -t at all means every table.
+        if any(p.matches(schema, table) for p in self.exclude):
+            return False
+        return not self.include or any(p.matches(schema, table) for p in self.include)

@@ -1,0 +1,108 @@
+"""The file sink (the embedded default): JSON lines, one record per line.
+
+Records are appended to a file (or standard output for '-'). A Schema line
+precedes the first Modification of each table and every change of its shape
+(the changelog builder emits them in that order). `flush()` flushes Python's
+buffer and fsyncs a regular file before it reports a checkpoint as durable;
+pipes and terminals cannot be fsynced, so there durability ends at write(2).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import stat
+import sys
+from typing import Any, BinaryIO
+
+from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.records import Modification, Record, Schema
+from pg2sink.errors import SinkError
+
+log = logging.getLogger(__name__)
+
+#: Python-side buffer; large enough that a write(2) moves many records.
+BUFFER_BYTES = 1 << 20
+
+
+def record_to_json(record: Record) -> dict[str, Any]:
+    """The JSON object of one record (README "Records" documents the fields)."""
+    if record.__class__ is Modification:
+        assert isinstance(record, Modification)
+        return {
+            "kind": "modification",
+            "timestamp": record.timestamp,
+            "sequence": record.sequence,
+            "lsn": record.lsn,
+            "xid": record.xid,
+            "operation": record.operation.value,
+            "namespace": record.namespace,
+            "name": record.name,
+            "before": record.before,
+            "after": record.after,
+        }
+    assert isinstance(record, Schema)
+    return {
+        "kind": "schema",
+        "timestamp": record.timestamp,
+        "lsn": record.lsn,
+        "namespace": record.namespace,
+        "name": record.name,
+        "schema": record.schema,
+    }
+
+
+class FileSink:
+    """JSON-lines sink; see module docstring."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._out: BinaryIO | None = None
+        self._fsync = False
+        self._written_mark: int | None = None
+        self._durable_mark: int | None = None
+
+    def open(self) -> None:
+        try:
+            if self.path == "-":
+                self._out = open(sys.stdout.fileno(), "wb", buffering=BUFFER_BYTES, closefd=False)
+            else:
+                self._out = open(self.path, "ab", buffering=BUFFER_BYTES)  # noqa: SIM115
+        except OSError as e:
+            raise SinkError(f"cannot open --file-path {self.path!r}: {e.strerror}") from None
+        mode = os.fstat(self._out.fileno()).st_mode
+        self._fsync = stat.S_ISREG(mode)
+        log.info("file sink writing to %s", "stdout" if self.path == "-" else self.path)
+
+    def write(self, record: Record) -> None:
+        assert self._out is not None, "open() the sink first"
+        try:
+            self._out.write(dumps(record_to_json(record)) + b"\n")
+        except OSError as e:
+            raise SinkError(f"cannot write to {self.path!r}: {e.strerror}") from None
+
+    def checkpoint(self, lsn: int) -> None:
+        self._written_mark = lsn
+
+    def flush(self) -> int | None:
+        if self._out is None:
+            return self._durable_mark
+        mark = self._written_mark
+        try:
+            self._out.flush()
+            if self._fsync:
+                os.fsync(self._out.fileno())
+        except (OSError, ValueError, io.UnsupportedOperation) as e:
+            raise SinkError(f"cannot flush {self.path!r}: {e}") from None
+        self._durable_mark = mark
+        return mark
+
+    def acknowledged(self) -> int | None:
+        return self._durable_mark
+
+    def close(self) -> None:
+        if self._out is not None:
+            self.flush()
+            self._out.close()
+            self._out = None

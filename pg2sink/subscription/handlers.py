@@ -1,0 +1,71 @@
+"""What the replication loop does with each decoded message.
+
+ChangelogHandler builds records and writes them to a sink (the normal mode);
+DecodeOnlyHandler prints each pgoutput message readably and acknowledges
+nothing, so `--decode-only` never moves the slot.
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from pg2sink.catalog.catalog import CatalogLookup
+from pg2sink.changelog.builder import ChangelogBuilder
+from pg2sink.logical.lsn import format_lsn
+from pg2sink.logical.messages import Begin, Commit, PgOutputMessage, Relation
+from pg2sink.logical.render import render
+from pg2sink.sinks.base import Sink
+
+
+class ChangelogHandler:
+    """pgoutput messages → Schema/Modification records → sink."""
+
+    def __init__(self, catalog: CatalogLookup, sink: Sink) -> None:
+        self.sink = sink
+        self.builder = ChangelogBuilder(catalog, sink.write)
+        self.handle = self.builder.handle
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.builder.in_transaction
+
+    def checkpoint(self, lsn: int) -> None:
+        self.sink.checkpoint(lsn)
+
+    def flush(self) -> int | None:
+        return self.sink.flush()
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+class DecodeOnlyHandler:
+    """Prints one readable line per message; confirms nothing."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.relations: dict[int, Relation] = {}
+        self._in_transaction = False
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._in_transaction
+
+    def handle(self, msg: PgOutputMessage, lsn: int) -> None:
+        if isinstance(msg, Relation):
+            self.relations[msg.relation_id] = msg
+        elif isinstance(msg, Begin):
+            self._in_transaction = True
+        elif isinstance(msg, Commit):
+            self._in_transaction = False
+        self.out.write(f"{format_lsn(lsn)} {render(msg, self.relations)}\n")
+
+    def checkpoint(self, lsn: int) -> None:
+        pass
+
+    def flush(self) -> int | None:
+        self.out.flush()
+        return None
+
+    def close(self) -> None:
+        self.out.flush()

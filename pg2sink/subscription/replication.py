@@ -1,0 +1,135 @@
+"""The replication connection: START_REPLICATION and the CopyBoth byte pipe.
+
+This is the only place that touches the replication socket. It speaks
+libpq through psycopg's low-level `pgconn` (get_copy_data/put_copy_data):
+the pgoutput bytes it returns are decoded elsewhere (pg2sink.logical).
+https://www.postgresql.org/docs/current/protocol-replication.html
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+from collections.abc import Sequence
+
+import psycopg
+from psycopg import pq, sql
+from psycopg.rows import TupleRow
+
+from pg2sink.errors import ConnectError, SlotBusyError, SourceError
+from pg2sink.logical.lsn import format_lsn
+
+log = logging.getLogger(__name__)
+
+
+class ReplicationStream:
+    """A started logical replication stream on a `replication=database` connection."""
+
+    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
+        self.conn = conn
+        self.pgconn = conn.pgconn
+        self.fileno = self.pgconn.socket
+
+    def start(
+        self,
+        slot: str,
+        publication: str,
+        start_lsn: int = 0,
+        proto_version: int = 1,
+        extra_options: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Send START_REPLICATION and wait for the server to enter CopyBoth.
+
+        start_lsn 0/0 means "from the slot's confirmed_flush_lsn": the server
+        never goes back before it, so a restart resumes exactly there.
+        """
+        options = [
+            ("proto_version", str(proto_version)),
+            # publication_names is itself a comma-separated list of identifiers.
+            ("publication_names", sql.Identifier(publication).as_string(self.conn)),
+            *extra_options,
+        ]
+        query = sql.SQL("START_REPLICATION SLOT {} LOGICAL {} ({})").format(
+            sql.Identifier(slot),
+            sql.SQL(format_lsn(start_lsn)),
+            sql.SQL(", ").join(
+                sql.SQL("{} {}").format(sql.Identifier(k), sql.Literal(v)) for k, v in options
+            ),
+        )
+        pgconn = self.pgconn
+        pgconn.send_query(query.as_bytes(self.conn))
+        self._flush_out()
+        while True:
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                break
+            select.select([self.fileno], [], [], 1.0)
+        result = pgconn.get_result()
+        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+            message = _result_error(result) or pgconn.get_error_message().decode(errors="replace")
+            sqlstate = result.error_field(pq.DiagnosticField.SQLSTATE) if result else None
+            if sqlstate == b"55006":  # object_in_use: another walsender has the slot
+                raise SlotBusyError(
+                    f"replication slot {slot!r} is active in another process ({message}); "
+                    "stop it, or pass --retry-initial to wait and take over when it exits"
+                )
+            raise SourceError(f"START_REPLICATION failed: {message}")
+        log.info(
+            "streaming from slot %s, publication %s, start %s",
+            slot,
+            publication,
+            format_lsn(start_lsn),
+        )
+
+    def read(self) -> memoryview | None:
+        """The next CopyData payload if one is buffered, else None (never blocks)."""
+        nbytes, data = self.pgconn.get_copy_data(1)
+        if nbytes > 0:
+            return data
+        if nbytes == 0:
+            return None
+        # -1: the server ended the copy (e.g. it is shutting down); -2: error.
+        result = self.pgconn.get_result()
+        message = _result_error(result) or self.pgconn.get_error_message().decode(errors="replace")
+        raise ConnectError(f"replication stream ended: {message.strip() or 'server closed it'}")
+
+    def wait(self, timeout: float, extra_fds: Sequence[int] = ()) -> None:
+        """Block until the socket (or an extra fd) is readable or `timeout` passes."""
+        readable, _, _ = select.select([self.fileno, *extra_fds], [], [], max(timeout, 0.0))
+        if self.fileno in readable:
+            try:
+                self.pgconn.consume_input()
+            except psycopg.OperationalError as e:
+                raise ConnectError(f"replication connection lost: {e}") from None
+
+    def send(self, payload: bytes) -> None:
+        """Queue a CopyData message to the server and push it out."""
+        if self.pgconn.put_copy_data(payload) != 1:
+            raise ConnectError(
+                "cannot send to the server: "
+                + self.pgconn.get_error_message().decode(errors="replace")
+            )
+        self._flush_out()
+
+    def _flush_out(self) -> None:
+        while True:
+            pending = self.pgconn.flush()
+            if pending == 0:
+                return
+            if pending < 0:
+                raise ConnectError(
+                    "replication connection lost: "
+                    + self.pgconn.get_error_message().decode(errors="replace")
+                )
+            select.select([self.fileno], [self.fileno], [], 1.0)
+            self.pgconn.consume_input()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _result_error(result: pq.abc.PGresult | None) -> str:
+    if result is None:
+        return ""
+    msg = result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)
+    return msg.decode(errors="replace") if msg else ""

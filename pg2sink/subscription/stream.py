@@ -1,0 +1,232 @@
+"""The replication loop: bytes in, records out, confirmed LSNs back.
+
+Per CopyData message: XLogData is decoded and handed to a `ChangeHandler`
+(the changelog builder feeding a sink, or the --decode-only printer);
+keepalives are noted and answered. Between messages the loop does its
+housekeeping on deadlines: flush the sink and confirm what it acknowledged,
+send a standby status at least every heartbeat interval, reconcile the
+publication every poll interval.
+
+The confirmed (flush) LSN only ever comes from the sink's acknowledgement
+of a checkpoint, and a checkpoint is only taken at a transaction boundary:
+the end LSN of a Commit, or a keepalive's position while no transaction is
+open (so commits that publish nothing still advance the slot and an idle
+slot does not hold WAL).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Protocol
+
+from pg2sink.logical.decoder import decode
+from pg2sink.logical.lsn import format_lsn, now_pg_timestamp
+from pg2sink.logical.messages import Commit, PgOutputMessage
+from pg2sink.logical.replication import (
+    PrimaryKeepalive,
+    XLogData,
+    parse_copy_data,
+    standby_status_update,
+)
+from pg2sink.subscription.replication import ReplicationStream
+
+log = logging.getLogger(__name__)
+
+#: Check the clock once per this many messages while data keeps arriving.
+_HOUSEKEEPING_EVERY = 512
+
+
+class ChangeHandler(Protocol):
+    """Where decoded messages go; see ChangelogHandler and DecodeOnlyHandler."""
+
+    def handle(self, msg: PgOutputMessage, lsn: int) -> None: ...
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def checkpoint(self, lsn: int) -> None: ...
+
+    def flush(self) -> int | None:
+        """Make everything durable; return the highest durably acknowledged checkpoint."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class StopRequested:
+    """SIGINT/SIGTERM flag plus a wake-up fd so a blocked select returns at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+        self._previous: dict[int, object] = {}
+
+    @property
+    def fileno(self) -> int:
+        return self._r.fileno()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self.requested:
+            log.info("received %s, stopping after a final flush", signal.Signals(signum).name)
+        self.requested = True
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
+
+    def uninstall(self) -> None:
+        signal.set_wakeup_fd(-1)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._r.close()
+        self._w.close()
+
+    def drain(self) -> None:
+        try:
+            while self._r.recv(512):
+                pass
+        except BlockingIOError:
+            pass
+
+
+class Streamer:
+    """Runs one replication stream until stopped or the connection fails."""
+
+    def __init__(
+        self,
+        stream: ReplicationStream,
+        handler: ChangeHandler,
+        *,
+        heartbeat_interval: float,
+        flush_interval: float,
+        poll_interval: float | None = None,
+        poll: Callable[[], None] | None = None,
+        confirm: bool = True,
+        stop: StopRequested | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = stream
+        self.handler = handler
+        self.heartbeat_interval = heartbeat_interval
+        self.flush_interval = min(flush_interval, heartbeat_interval)
+        self.poll_interval = poll_interval
+        self.poll = poll
+        #: False in --decode-only: never report a flush position.
+        self.confirm = confirm
+        self.stop = stop or StopRequested()
+        self.clock = clock
+        self.received_lsn = 0
+        self.checkpointed_lsn = 0
+        self.confirmed_lsn = 0
+        self._reported_lsn = -1
+        self._next_flush = 0.0
+        self._next_status = 0.0
+        self._next_poll = 0.0
+        self.messages = 0
+
+    def run(self) -> None:
+        now = self.clock()
+        self._next_flush = now + self.flush_interval
+        self._next_status = now + self.heartbeat_interval
+        self._next_poll = now + (self.poll_interval or 0.0)
+        stream = self.stream
+        handle = self.handler.handle
+        countdown = _HOUSEKEEPING_EVERY
+        while not self.stop.requested:
+            buf = stream.read()
+            if buf is None:
+                self._housekeeping(self.clock())
+                stream.wait(self._time_to_deadline(), (self.stop.fileno,))
+                self.stop.drain()
+                countdown = _HOUSEKEEPING_EVERY
+                continue
+            msg = parse_copy_data(buf)
+            if msg.__class__ is XLogData:
+                assert isinstance(msg, XLogData)
+                if msg.wal_end > self.received_lsn:
+                    self.received_lsn = msg.wal_end
+                change = decode(msg.payload)
+                handle(change, msg.data_start)
+                if change.__class__ is Commit:
+                    assert isinstance(change, Commit)
+                    self._checkpoint(change.end_lsn)
+            else:
+                assert isinstance(msg, PrimaryKeepalive)
+                self._keepalive(msg)
+            self.messages += 1
+            countdown -= 1
+            if countdown == 0:
+                countdown = _HOUSEKEEPING_EVERY
+                self._housekeeping(self.clock())
+        self.shutdown()
+
+    def _checkpoint(self, lsn: int) -> None:
+        if lsn > self.checkpointed_lsn:
+            self.checkpointed_lsn = lsn
+            self.handler.checkpoint(lsn)
+
+    def _keepalive(self, ka: PrimaryKeepalive) -> None:
+        if ka.wal_end > self.received_lsn:
+            self.received_lsn = ka.wal_end
+        if not self.handler.in_transaction:
+            # Everything before the server's send position has reached us and
+            # no transaction is open: commits that published nothing (or were
+            # skipped as empty) are behind us, so this position is confirmable
+            # once the sink has flushed what came before it.
+            self._checkpoint(ka.wal_end)
+        if ka.reply_requested:
+            self._flush()
+            self._send_status(self.clock(), force=True)
+
+    def _time_to_deadline(self) -> float:
+        deadlines = [self._next_flush, self._next_status]
+        if self.poll is not None:
+            deadlines.append(self._next_poll)
+        return min(deadlines) - self.clock()
+
+    def _housekeeping(self, now: float) -> None:
+        if now >= self._next_flush:
+            self._flush()
+            self._next_flush = now + self.flush_interval
+        if now >= self._next_status or self.confirmed_lsn != self._reported_lsn:
+            self._send_status(now)
+        if self.poll is not None and self.poll_interval and now >= self._next_poll:
+            self.poll()
+            self._next_poll = self.clock() + self.poll_interval
+
+    def _flush(self) -> None:
+        acked = self.handler.flush()
+        if acked is not None and acked > self.confirmed_lsn:
+            self.confirmed_lsn = acked
+
+    def _send_status(self, now: float, force: bool = False) -> None:
+        if not force and now < self._next_status and self.confirmed_lsn == self._reported_lsn:
+            return
+        flush = self.confirmed_lsn if self.confirm else 0
+        # write >= flush always; in --decode-only, flush 0 (InvalidXLogRecPtr)
+        # makes the server keep the slot where it is.
+        write = max(self.received_lsn, flush)
+        self.stream.send(standby_status_update(write, flush, flush, now_pg_timestamp()))
+        if self.confirm and self.confirmed_lsn != self._reported_lsn:
+            log.debug("confirmed %s", format_lsn(self.confirmed_lsn))
+        self._reported_lsn = self.confirmed_lsn
+        self._next_status = now + self.heartbeat_interval
+
+    def shutdown(self) -> None:
+        """Final flush and status, so a clean stop loses and repeats nothing."""
+        self._flush()
+        self._send_status(self.clock(), force=True)
+        log.info(
+            "stopped: received up to %s, confirmed %s",
+            format_lsn(self.received_lsn),
+            format_lsn(self.confirmed_lsn) if self.confirm else "nothing (--decode-only)",
+        )
+

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the system programs pg2sink's tests, demo and benchmarks run:
+# PostgreSQL server + client (initdb, pg_ctl, psql, pg_recvlogical) from
+# Debian's packages. Does nothing when they are already there.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+need=()
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then need+=(postgresql postgresql-contrib); fi
+if ! command -v pg_recvlogical >/dev/null 2>&1 || ! command -v psql >/dev/null 2>&1; then
+  need+=(postgresql-client)
+fi
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "setup: installing ${need[*]} from Debian's packages"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# initdb refuses to run as root; the server then runs as the postgres user
+# that Debian's package creates.
+if [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; then
+  useradd --system --home /var/lib/postgresql --shell /bin/bash postgres
+fi

@@ -1,0 +1,214 @@
+"""Shared fixtures: a real PostgreSQL per test session, a database per test.
+
+The session starts its own throwaway PostgreSQL 15 (initdb into a temporary
+directory, wal_level=logical, free port) with the same helper `make
+services` uses (scripts/services.py). Each test gets a fresh database and
+its own slot and publication names, all dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+import services  # noqa: E402
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll `predicate` until it returns something truthy; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[services.Postgres]:
+    base = Path(tempfile.mkdtemp(prefix="pg2sink-test-"))
+    base.chmod(0o755)  # the server may run as the postgres user (see services.py)
+    server = services.Postgres(base=base / "pg", port=services.free_port())
+    server.start()
+    yield server
+    server.destroy()
+    subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+@dataclass
+class Database:
+    """A fresh database with names reserved for one test."""
+
+    server: services.Postgres
+    name: str
+    slot: str
+    publication: str
+    dsn: str
+    conns: list[psycopg.Connection[TupleRow]] = field(default_factory=list)
+
+    def connect(self, **kwargs: Any) -> psycopg.Connection[TupleRow]:
+        conn = psycopg.connect(self.dsn, autocommit=True, **kwargs)
+        self.conns.append(conn)
+        return conn
+
+    def slot_confirmed_lsn(self, slot: str | None = None) -> int | None:
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            row = c.execute(
+                "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
+                (slot or self.slot,),
+            ).fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    def current_lsn(self) -> int:
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            row = c.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+@pytest.fixture
+def db(pg_server: services.Postgres) -> Iterator[Database]:
+    tag = uuid.uuid4().hex[:10]
+    name = f"t_{tag}"
+    admin_dsn = pg_server.dsn("postgres")
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    testdb = Database(pg_server, name, f"slot_{tag}", f"pub_{tag}", pg_server.dsn(name))
+    yield testdb
+    for conn in testdb.conns:
+        conn.close()
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        for _ in range(50):
+            admin.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                " WHERE database = %s AND active_pid IS NOT NULL",
+                (name,),
+            )
+            try:
+                admin.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                    " WHERE database = %s",
+                    (name,),
+                )
+                break
+            except psycopg.errors.ObjectInUse:
+                time.sleep(0.1)
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture
+def pg_conn(db: Database) -> psycopg.Connection[TupleRow]:
+    """An autocommit connection to the test's own database."""
+    return db.connect()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Complete JSON lines of a file (a torn last line from a kill is ignored)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_bytes().split(b"\n"):
+        if not line:
+            continue
+        try:
+            out.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue
+    return out
+
+
+@dataclass
+class Pg2Sink:
+    """A pg2sink process run as users run it: `python -m pg2sink ...`."""
+
+    args: list[str]
+    env: dict[str, str]
+    workdir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    runs: int = 0
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.workdir / f"stderr.{self.runs}.log"
+
+    def start(self) -> Pg2Sink:
+        self.runs += 1
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pg2sink", *self.args],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                cwd=self.workdir,
+            )
+        return self
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def wait_streaming(self, timeout: float = 30.0) -> None:
+        def ready() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"pg2sink exited {self.proc.returncode}:\n{self.stderr()}")
+            return "pg2sink is streaming" in self.stderr()
+
+        wait_for(ready, timeout, "pg2sink to start streaming")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout)
+        return code
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def pg2sink_proc(db: Database, tmp_path: Path) -> Iterator[Callable[..., Pg2Sink]]:
+    """Factory of pg2sink processes bound to the test database, stopped at teardown."""
+    made: list[Pg2Sink] = []
+
+    def make(*extra: str, env: dict[str, str] | None = None) -> Pg2Sink:
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PG2SINK_"))}
+        full_env.update(
+            {
+                "PG2SINK_SOURCE": db.dsn,
+                "PG2SINK_SLOT": db.slot,
+                "PG2SINK_PUBLICATION": db.publication,
+            }
+        )
+        full_env.update(env or {})
+        p = Pg2Sink(args=list(extra), env=full_env, workdir=tmp_path)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        if p.proc is not None and p.proc.poll() is None:
+            p.proc.kill()
+            p.proc.wait(10)
