@@ -51,7 +51,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add(
-    group: argparse._ActionGroup,
+    group: argparse._ArgumentGroup,
     *flags: str,
     help: str,
     default: Any = None,

@@ -36,7 +36,9 @@ class SecretDsn:
             # Parsing validates both key=value DSNs and postgresql:// URIs.
             psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as e:
-            raise ConfigError(f"invalid --source connection string: {_scrub(str(e), dsn)}") from None
+            raise ConfigError(
+                f"invalid --source connection string: {_scrub(str(e), dsn)}"
+            ) from None
         self._dsn = dsn
 
     def reveal(self) -> str:

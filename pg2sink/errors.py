@@ -8,7 +8,7 @@
     │   └── SlotBusyError  (R)    the slot is active in another process
     ├── DecodeError        (T)    a pgoutput message we cannot parse
     └── SinkError                 the sink refused or failed to write
-        └── SinkUnavailable (R)   the sink is down for now; retry later
+        └── SinkUnavailableError (R) the sink is down for now; retry later
 
 (T) = Terminal: retrying cannot help, stop with exit code 2.
 (R) = Retryable: the loop may wait and try again.
@@ -56,7 +56,7 @@ class SinkError(Pg2SinkError):
     """The sink failed to accept records."""
 
 
-class SinkUnavailable(SinkError):
+class SinkUnavailableError(SinkError):
     """The sink is temporarily unavailable; the records may be retried."""
 
     retryable = True

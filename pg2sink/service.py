@@ -24,10 +24,10 @@ from pg2sink.publication.manager import PublicationManager
 from pg2sink.publication.patterns import TableFilter
 from pg2sink.sinks.base import Sink
 from pg2sink.sinks.file import FileSink
-from pg2sink.subscription.handlers import ChangelogHandler, ChangeHandler, DecodeOnlyHandler
+from pg2sink.subscription.handlers import ChangelogHandler, DecodeOnlyHandler
 from pg2sink.subscription.replication import ReplicationStream
 from pg2sink.subscription.slot import drop_slot, ensure_slot
-from pg2sink.subscription.stream import StopRequested, Streamer
+from pg2sink.subscription.stream import ChangeHandler, StopRequested, Streamer
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def _open_output(path: str) -> TextIO:
     if path == "-":
         return sys.stdout
     try:
-        return open(path, "a", encoding="utf-8")  # noqa: SIM115
+        return open(path, "a", encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot open --file-path {path!r}: {e.strerror}") from None
 
@@ -57,9 +57,7 @@ class StreamService:
     def __init__(self, cfg: StreamConfig) -> None:
         self.cfg = cfg
         self.stop = StopRequested()
-        self.table_filter = TableFilter.from_patterns(
-            cfg.source.tables, cfg.source.exclude_tables
-        )
+        self.table_filter = TableFilter.from_patterns(cfg.source.tables, cfg.source.exclude_tables)
         self.started = False
 
     def run(self) -> None:

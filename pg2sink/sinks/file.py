@@ -66,14 +66,16 @@ class FileSink:
     def open(self) -> None:
         try:
             if self.path == "-":
-                self._out = open(sys.stdout.fileno(), "wb", buffering=BUFFER_BYTES, closefd=False)
+                self._out = open(  # noqa: SIM115 (kept open until close())
+                    sys.stdout.fileno(), "wb", buffering=BUFFER_BYTES, closefd=False
+                )
             else:
                 self._out = open(self.path, "ab", buffering=BUFFER_BYTES)  # noqa: SIM115
         except OSError as e:
             raise SinkError(f"cannot open --file-path {self.path!r}: {e.strerror}") from None
         mode = os.fstat(self._out.fileno()).st_mode
         self._fsync = stat.S_ISREG(mode)
-        log.info("file sink writing to %s", "stdout" if self.path == "-" else self.path)
+        log.debug("file sink writing to %s", "stdout" if self.path == "-" else self.path)
 
     def write(self, record: Record) -> None:
         assert self._out is not None, "open() the sink first"

@@ -66,7 +66,7 @@ class ReplicationStream:
             select.select([self.fileno], [], [], 1.0)
         result = pgconn.get_result()
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
-            message = _result_error(result) or pgconn.get_error_message().decode(errors="replace")
+            message = _result_error(result) or pgconn.get_error_message()
             sqlstate = result.error_field(pq.DiagnosticField.SQLSTATE) if result else None
             if sqlstate == b"55006":  # object_in_use: another walsender has the slot
                 raise SlotBusyError(
@@ -90,7 +90,7 @@ class ReplicationStream:
             return None
         # -1: the server ended the copy (e.g. it is shutting down); -2: error.
         result = self.pgconn.get_result()
-        message = _result_error(result) or self.pgconn.get_error_message().decode(errors="replace")
+        message = _result_error(result) or self.pgconn.get_error_message()
         raise ConnectError(f"replication stream ended: {message.strip() or 'server closed it'}")
 
     def wait(self, timeout: float, extra_fds: Sequence[int] = ()) -> None:
@@ -105,10 +105,7 @@ class ReplicationStream:
     def send(self, payload: bytes) -> None:
         """Queue a CopyData message to the server and push it out."""
         if self.pgconn.put_copy_data(payload) != 1:
-            raise ConnectError(
-                "cannot send to the server: "
-                + self.pgconn.get_error_message().decode(errors="replace")
-            )
+            raise ConnectError("cannot send to the server: " + self.pgconn.get_error_message())
         self._flush_out()
 
     def _flush_out(self) -> None:
@@ -118,8 +115,7 @@ class ReplicationStream:
                 return
             if pending < 0:
                 raise ConnectError(
-                    "replication connection lost: "
-                    + self.pgconn.get_error_message().decode(errors="replace")
+                    "replication connection lost: " + self.pgconn.get_error_message()
                 )
             select.select([self.fileno], [self.fileno], [], 1.0)
             self.pgconn.consume_input()

@@ -108,7 +108,7 @@ class Streamer:
         heartbeat_interval: float,
         flush_interval: float,
         poll_interval: float | None = None,
-        poll: Callable[[], None] | None = None,
+        poll: Callable[[], object] | None = None,
         confirm: bool = True,
         stop: StopRequested | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -229,4 +229,3 @@ class Streamer:
             format_lsn(self.received_lsn),
             format_lsn(self.confirmed_lsn) if self.confirm else "nothing (--decode-only)",
         )
-

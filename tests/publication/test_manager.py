@@ -77,14 +77,18 @@ def test_include_and_exclude_patterns(db: Database) -> None:
     conn = db.connect()
     for name in ("users", "users_archive", "orders", "Mixed Case"):
         conn.execute(sql.SQL("CREATE TABLE {} (id int primary key)").format(sql.Identifier(name)))
-    manager(conn, db.publication, include=("user*", '"Mixed Case"'), exclude=("*_archive",)).reconcile()
+    manager(
+        conn, db.publication, include=("user*", '"Mixed Case"'), exclude=("*_archive",)
+    ).reconcile()
     assert members(conn, db.publication) == ["public.Mixed Case", "public.users"]
 
 
 def test_partitions_are_covered_by_their_root(db: Database) -> None:
     conn = db.connect()
     conn.execute("CREATE TABLE m (id int, at date, primary key (id, at)) PARTITION BY RANGE (at)")
-    conn.execute("CREATE TABLE m_2024 PARTITION OF m FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')")
+    conn.execute(
+        "CREATE TABLE m_2024 PARTITION OF m FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')"
+    )
     manager(conn, db.publication).reconcile()
     assert members(conn, db.publication) == ["public.m"]
 

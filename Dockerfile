@@ -1,0 +1,7 @@
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY pg2sink ./pg2sink
+RUN pip install --no-cache-dir .
+ENTRYPOINT []
+CMD ["pg2sink", "--help"]
