@@ -52,15 +52,15 @@ done
 
 echo "== records written by pg2sink ($work/changes.jsonl)"
 $PY - "$work/changes.jsonl" <<'PYEOF'
-import json, sys
+import decimal, json, sys
 for line in open(sys.argv[1]):
-    r = json.loads(line)
+    r = json.loads(line, parse_float=decimal.Decimal)
     if r["kind"] == "schema":
         fields = ", ".join(f'{f["name"]}:{f["type"][1]["pg.type"]}' for f in r["schema"]["fields"])
         print(f'schema       {r["namespace"]}.{r["name"]} ({fields})')
     else:
         print(f'modification {r["operation"]:<6} seq={r["sequence"]} lsn={r["lsn"]} '
-              f'before={json.dumps(r["before"])} after={json.dumps(r["after"])}')
+              f'before={json.dumps(r["before"], default=str)} after={json.dumps(r["after"], default=str)}')
 PYEOF
 echo "== raw JSON line of the first modification"
 grep -m1 '"kind":"modification"' "$work/changes.jsonl"

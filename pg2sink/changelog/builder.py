@@ -78,6 +78,7 @@ class ChangelogBuilder:
         self.commit_time = _EPOCH
         self.sequence = 0
         self.in_transaction = False
+        self.begin_lsn = 0
 
     def handle(self, msg: PgOutputMessage, lsn: int) -> None:
         """Process one message whose XLogData started at `lsn`."""
@@ -95,6 +96,7 @@ class ChangelogBuilder:
             self.commit_time = pg_timestamp_to_datetime(msg.commit_time)
             self.sequence = 0
             self.in_transaction = True
+            self.begin_lsn = lsn
         elif cls is Commit:
             self.in_transaction = False
         elif cls is Relation:
@@ -152,7 +154,9 @@ class ChangelogBuilder:
             self.emit(
                 Schema(
                     timestamp=self.commit_time,
-                    lsn=lsn,
+                    # pgoutput sends Relation messages with no WAL position of
+                    # their own (0/0): the transaction's start stands in.
+                    lsn=lsn or self.begin_lsn,
                     namespace=msg.namespace,
                     name=msg.name,
                     schema=schema,

@@ -99,6 +99,7 @@ def test_changes_across_tables_and_schemas(
         if r["kind"] == "schema":
             seen.add(key)
             assert r["schema"]["type"] == "record"
+            assert r["lsn"] > 0
         else:
             assert key in seen, f"modification of {key} before its schema"
     orders_schema = next(r for r in records if r["kind"] == "schema" and r["name"] == "orders")
