@@ -1,0 +1,823 @@
+"""`make bench-stream`: pg2sink's file sink against pg_recvlogical on the same changes.
+
+Method
+------
+1. Start a throwaway PostgreSQL (scripts/services.py: wal_level=logical,
+   fsync off) in a temporary directory, create one table
+
+       bench (id int8 primary key, name text, amount numeric(12,2),
+              at timestamptz, flag bool, doc jsonb)
+
+   a publication `bench_pub` for it, and two pgoutput slots
+   (`bench_recvlogical`, `bench_pg2sink`) *before* any change is made, so
+   both consumers must decode exactly the same WAL.
+2. Run the workload: one INSERT transaction of 500,000 rows
+   (`INSERT ... SELECT FROM generate_series`), one UPDATE transaction of
+   250,000 rows, then 50,000 single-row transactions (half INSERT, half
+   UPDATE, interleaved), sent 100 transactions per round trip as one
+   simple-query string `BEGIN; ...; COMMIT; BEGIN; ...` so each is its own
+   commit. The last part is checked: the rows they touched must carry
+   50,000 distinct xmin values. END = pg_current_wal_lsn() afterwards;
+   the expected change count is the sum of the three parts.
+   `--scale` multiplies all three sizes.
+3. pg_recvlogical (the server's own client, C, no decoding of the pgoutput
+   bytes) streams `bench_recvlogical` with the same options pg2sink sends
+   (proto_version=1, publication_names=bench_pub) into a file and exits at
+   `--endpos END`; its time is process start to exit.
+4. pg2sink runs as a user would run it (`python -m pg2sink --sink file ...`).
+   Its time is process start (interpreter start-up included) until its slot's
+   confirmed_flush_lsn >= END, polled every 50 ms; that is when every change
+   is durably in the file (pg2sink confirms only what its sink fsynced, at
+   most --flush-interval = 1 s after it was written). Then it gets SIGTERM.
+   Peak RSS is /proc/<pid>/status VmHWM read just before SIGTERM (fallback:
+   the ru_maxrss of the reaped process, then getrusage(RUSAGE_CHILDREN); both
+   can overstate it, as Linux carries the forking parent's peak across exec).
+   The output must hold exactly the expected number of Modification lines.
+
+pg_recvlogical runs first, so both read WAL that is in the page cache. Both
+walsenders do the same work (decoding, reorder buffer spilled to disk for
+the big transactions); the difference is the client. CPU seconds of the
+client (from wait4) and of its walsender (sampled from /proc) are printed
+to show where time goes. The benchmark reports the targets (pg2sink at
+least 0.8x pg_recvlogical's changes/s, peak RSS below 300 MiB); it does not
+assert them: the exit code is 0 unless something broke.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import json
+import os
+import platform
+import pstats
+import re
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+REPO = Path(__file__).resolve().parent.parent
+
+TABLE = "bench"
+PUBLICATION = "bench_pub"
+RECVLOGICAL_SLOT = "bench_recvlogical"
+PG2SINK_SLOT = "bench_pg2sink"
+
+FULL_INSERT_ROWS = 500_000
+FULL_UPDATE_ROWS = 250_000
+FULL_SMALL_TXNS = 50_000
+#: Small transactions sent per round trip (one simple-query string).
+SMALL_TXNS_PER_ROUND_TRIP = 100
+
+POLL_SECONDS = 0.05
+TARGET_RATIO = 0.8
+TARGET_RSS_MIB = 300.0
+MODIFICATION_MARK = b'"kind":"modification"'
+
+Conn = psycopg.Connection[TupleRow]
+
+
+class BenchError(RuntimeError):
+    """Something broke: the run is invalid (exit code 1)."""
+
+
+# --- the throwaway server ----------------------------------------------------
+
+
+class Server(Protocol):
+    """The part of scripts/services.py's `Postgres` used here."""
+
+    port: int
+
+    def dsn(self, dbname: str = "postgres") -> str: ...
+
+    def start(self) -> object: ...
+
+    def destroy(self) -> None: ...
+
+
+def load_services() -> ModuleType:
+    """scripts/services.py; imported by name because scripts/ is not a package.
+
+    importlib instead of `import services` keeps mypy (whose search path does
+    not include scripts/) from failing on the import.
+    """
+    scripts = str(REPO / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module("services")
+
+
+def start_postgres(services: ModuleType, tmp: Path) -> Server:
+    server: Server = services.Postgres(base=tmp / "pg", port=services.free_port())
+    try:
+        server.start()
+    except BaseException:
+        server.destroy()
+        raise
+    return server
+
+
+# --- schema and workload -----------------------------------------------------
+
+#: One row as a function of its id `i` (20-39 character names, 2-decimal
+#: amounts, spread-out timestamps, a small jsonb object).
+ROW_EXPRESSIONS = sql.SQL(
+    "i, 'customer-' || substr(md5(i::text), 1, 11 + (i % 20)::int),"
+    " ((i * 7919) % 100000000 / 100.0)::numeric(12,2),"
+    " timestamptz '2024-01-01 00:00:00+00' + i * interval '37 seconds',"
+    " i % 3 = 0,"
+    " jsonb_build_object('source', 'bench', 'seq', i, 'tier', i % 5,"
+    " 'tags', jsonb_build_array('a', 'b'), 'active', i % 2 = 0)"
+)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    insert_rows: int
+    update_rows: int
+    small_txns: int
+
+    @property
+    def small_inserts(self) -> int:
+        return self.small_txns // 2
+
+    @property
+    def small_updates(self) -> int:
+        return self.small_txns - self.small_inserts
+
+    @property
+    def changes(self) -> int:
+        return self.insert_rows + self.update_rows + self.small_txns
+
+    def check(self) -> None:
+        if min(self.insert_rows, self.update_rows, self.small_txns) < 1:
+            raise BenchError("every workload size must be at least 1")
+        # Small UPDATEs touch ids the big UPDATE did not, one row each, so
+        # that their distinct xmin values prove they were separate commits.
+        if self.update_rows + self.small_updates > self.insert_rows:
+            raise BenchError(
+                f"--update-rows ({self.update_rows}) plus half of --small-txns "
+                f"({self.small_updates}) must not exceed --insert-rows ({self.insert_rows})"
+            )
+
+
+@dataclass
+class Workload:
+    start_lsn: str
+    end_lsn: str
+    wal_bytes: int
+    changes: int
+    transactions: int
+    insert_seconds: float
+    update_seconds: float
+    small_seconds: float
+
+
+def setup_schema(conn: Conn) -> None:
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int8 PRIMARY KEY, name text, amount numeric(12,2),"
+            " at timestamptz, flag bool, doc jsonb)"
+        ).format(sql.Identifier(TABLE))
+    )
+    conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(PUBLICATION), sql.Identifier(TABLE)
+        )
+    )
+    for slot in (RECVLOGICAL_SLOT, PG2SINK_SLOT):
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
+def current_lsn(conn: Conn) -> str:
+    row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _small_statements(sizes: Sizes) -> Iterator[sql.Composable]:
+    """Interleaved single-row INSERTs (new ids) and UPDATEs (distinct existing ids)."""
+    insert = sql.SQL("INSERT INTO {} SELECT {} FROM (SELECT {{id}}::int8 AS i) AS g").format(
+        sql.Identifier(TABLE), ROW_EXPRESSIONS
+    )
+    update = sql.SQL(
+        "UPDATE {} SET amount = amount + 0.01, at = now(),"
+        " doc = doc || jsonb_build_object('touched', {{id}}) WHERE id = {{id}}"
+    ).format(sql.Identifier(TABLE))
+    # The templates are rendered once; each statement only formats its id.
+    insert_text = insert.as_string()
+    update_text = update.as_string()
+    next_insert = sizes.insert_rows + 1
+    next_update = sizes.update_rows + 1
+    for n in range(sizes.small_txns):
+        if n % 2 == 0 and next_insert <= sizes.insert_rows + sizes.small_inserts:
+            yield sql.SQL(insert_text).format(id=sql.Literal(next_insert))
+            next_insert += 1
+        else:
+            yield sql.SQL(update_text).format(id=sql.Literal(next_update))
+            next_update += 1
+
+
+def run_workload(conn: Conn, sizes: Sizes) -> Workload:
+    """The three parts of the workload, on an autocommit connection."""
+    start = current_lsn(conn)
+
+    t0 = time.monotonic()
+    cur = conn.execute(
+        sql.SQL("INSERT INTO {} SELECT {} FROM generate_series(1, {}::int8) AS g(i)").format(
+            sql.Identifier(TABLE), ROW_EXPRESSIONS, sql.Literal(sizes.insert_rows)
+        )
+    )
+    if cur.rowcount != sizes.insert_rows:
+        raise BenchError(f"bulk INSERT wrote {cur.rowcount} rows, not {sizes.insert_rows}")
+    t1 = time.monotonic()
+    cur = conn.execute(
+        sql.SQL(
+            "UPDATE {} SET amount = amount + 1.25, at = at + interval '1 hour',"
+            " flag = NOT flag, doc = doc || '{{\"v\": 2}}' WHERE id <= {}"
+        ).format(sql.Identifier(TABLE), sql.Literal(sizes.update_rows))
+    )
+    if cur.rowcount != sizes.update_rows:
+        raise BenchError(f"bulk UPDATE changed {cur.rowcount} rows, not {sizes.update_rows}")
+    t2 = time.monotonic()
+
+    # A simple-query string with explicit BEGIN/COMMIT runs each block as its
+    # own transaction; psycopg uses the simple protocol when there are no
+    # parameters. https://www.postgresql.org/docs/current/protocol-flow.html#PROTOCOL-FLOW-MULTI-STATEMENT
+    batch: list[sql.Composable] = []
+    for stmt in _small_statements(sizes):
+        batch.append(sql.SQL("BEGIN; {}; COMMIT").format(stmt))
+        if len(batch) == SMALL_TXNS_PER_ROUND_TRIP:
+            conn.execute(sql.SQL("; ").join(batch))
+            batch = []
+    if batch:
+        conn.execute(sql.SQL("; ").join(batch))
+    t3 = time.monotonic()
+
+    commits = conn.execute(
+        sql.SQL(
+            "SELECT count(DISTINCT xmin::text) FROM {} WHERE id > {} AND id <= {} OR id > {}"
+        ).format(
+            sql.Identifier(TABLE),
+            sql.Literal(sizes.update_rows),
+            sql.Literal(sizes.update_rows + sizes.small_updates),
+            sql.Literal(sizes.insert_rows),
+        )
+    ).fetchone()
+    assert commits is not None
+    if commits[0] != sizes.small_txns:
+        raise BenchError(
+            f"the small transactions were {commits[0]} commits, not {sizes.small_txns}"
+        )
+
+    end = current_lsn(conn)
+    row = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (end, start)).fetchone()
+    assert row is not None
+    return Workload(
+        start_lsn=start,
+        end_lsn=end,
+        wal_bytes=int(row[0]),
+        changes=sizes.changes,
+        transactions=2 + sizes.small_txns,
+        insert_seconds=t1 - t0,
+        update_seconds=t2 - t1,
+        small_seconds=t3 - t2,
+    )
+
+
+# --- watching a consumer -----------------------------------------------------
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def vm_hwm_kib(pid: int) -> int | None:
+    """Peak resident set size of a live process (VmHWM), in KiB."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a live process, from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # Fields after "(comm)": state is [0], utime [11], stime [12] (proc(5)).
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+@dataclass
+class Child:
+    """A subprocess reaped with wait4, so its own rusage is known."""
+
+    argv: list[str]
+    proc: subprocess.Popen[bytes]
+    started: float
+    returncode: int | None = None
+    max_rss_kib: int | None = None
+    cpu_seconds: float | None = None
+
+    @classmethod
+    def spawn(cls, argv: list[str], stdout: Path, stderr: Path) -> Child:
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            started = time.monotonic()
+            proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        return cls(argv, proc, started)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self, block: bool = False) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        pid, status, usage = os.wait4(self.pid, 0 if block else os.WNOHANG)
+        if pid == 0:
+            return None
+        self.returncode = os.waitstatus_to_exitcode(status)
+        self.proc.returncode = self.returncode  # reaped here; Popen must not wait again
+        self.max_rss_kib = usage.ru_maxrss  # KiB on Linux
+        self.cpu_seconds = usage.ru_utime + usage.ru_stime
+        return self.returncode
+
+    def wait(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+        return self.returncode
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not exit within 30 s."""
+        if self.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        if self.wait(30.0) is None:
+            self.proc.kill()
+            self.poll(block=True)
+
+
+@dataclass
+class SlotState:
+    active_pid: int | None
+    reached_end: bool
+
+
+def slot_state(conn: Conn, slot: str, end_lsn: str) -> SlotState:
+    row = conn.execute(
+        "SELECT active_pid, coalesce(confirmed_flush_lsn >= %s::pg_lsn, false)"
+        " FROM pg_replication_slots WHERE slot_name = %s",
+        (end_lsn, slot),
+    ).fetchone()
+    if row is None:
+        raise BenchError(f"replication slot {slot} disappeared")
+    return SlotState(active_pid=row[0], reached_end=bool(row[1]))
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(nothing)"
+    return "\n".join(text.splitlines()[-lines:]) or "(nothing)"
+
+
+@dataclass
+class Consumer:
+    name: str
+    command: list[str]
+    changes: int
+    seconds: float
+    startup_seconds: float | None
+    client_cpu_seconds: float | None
+    walsender_cpu_seconds: float | None
+    peak_rss_mib: float | None
+    output_bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def changes_per_second(self) -> float:
+        return self.changes / self.seconds if self.seconds > 0 else 0.0
+
+
+def run_recvlogical(
+    binary: str, dsn: str, workload: Workload, tmp: Path, timeout: float, watch: Conn
+) -> Consumer:
+    out = tmp / "recvlogical.out"
+    argv = [
+        binary,
+        "-d",
+        dsn,
+        "--slot",
+        RECVLOGICAL_SLOT,
+        "--start",
+        "--endpos",
+        workload.end_lsn,
+        "-o",
+        "proto_version=1",
+        "-o",
+        f"publication_names={PUBLICATION}",
+        "-f",
+        str(out),
+        "--no-loop",
+    ]
+    stderr = tmp / "recvlogical.stderr"
+    child = Child.spawn(argv, tmp / "recvlogical.stdout", stderr)
+    startup: float | None = None
+    walsender_cpu: float | None = None
+    peak_kib: int | None = None
+    try:
+        while child.poll() is None:
+            if time.monotonic() - child.started > timeout:
+                raise BenchError(f"pg_recvlogical did not reach {workload.end_lsn} in {timeout}s")
+            state = slot_state(watch, RECVLOGICAL_SLOT, workload.end_lsn)
+            if state.active_pid is not None:
+                # Connected, so past exec: VmHWM is pg_recvlogical's own now.
+                startup = startup or time.monotonic() - child.started
+                walsender_cpu = cpu_seconds(state.active_pid) or walsender_cpu
+                peak_kib = vm_hwm_kib(child.pid) or peak_kib
+            time.sleep(POLL_SECONDS)
+        seconds = time.monotonic() - child.started
+    finally:
+        child.stop()
+    if child.returncode != 0:
+        raise BenchError(
+            f"pg_recvlogical exited with {child.returncode}:\n{_tail(stderr)}\n"
+            f"command: {shlex.join(argv)}"
+        )
+    return Consumer(
+        name="pg_recvlogical",
+        command=argv,
+        changes=workload.changes,
+        seconds=seconds,
+        startup_seconds=startup,
+        client_cpu_seconds=child.cpu_seconds,
+        walsender_cpu_seconds=walsender_cpu,
+        # Not wait4's ru_maxrss: Linux carries the forking Python's peak over exec.
+        peak_rss_mib=peak_kib / 1024 if peak_kib else None,
+        output_bytes=out.stat().st_size if out.exists() else 0,
+    )
+
+
+def count_modifications(path: Path) -> tuple[int, int]:
+    """(Modification lines, all lines) of a JSON-lines file."""
+    modifications = lines = 0
+    with open(path, "rb") as f:
+        for line in f:
+            lines += 1
+            if MODIFICATION_MARK in line:
+                modifications += 1
+    return modifications, lines
+
+
+def run_pg2sink(
+    dsn: str, workload: Workload, tmp: Path, timeout: float, watch: Conn, profile: Path | None
+) -> Consumer:
+    out = tmp / "out.jsonl"
+    python = [sys.executable]
+    if profile is not None:
+        python += ["-m", "cProfile", "-o", str(profile)]
+    argv = [
+        *python,
+        "-m",
+        "pg2sink",
+        "--source",
+        dsn,
+        "--slot",
+        PG2SINK_SLOT,
+        "--publication",
+        PUBLICATION,
+        "--sink",
+        "file",
+        "--file-path",
+        str(out),
+        "--log-level",
+        "warning",
+    ]
+    stderr = tmp / "pg2sink.stderr"
+    rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    child = Child.spawn(argv, tmp / "pg2sink.stdout", stderr)
+    startup: float | None = None
+    walsender_cpu: float | None = None
+    peak_kib: int | None = None
+    try:
+        while True:
+            if child.poll() is not None:
+                raise BenchError(
+                    f"pg2sink exited with {child.returncode} before confirming "
+                    f"{workload.end_lsn}:\n{_tail(stderr)}\ncommand: {shlex.join(argv)}"
+                )
+            elapsed = time.monotonic() - child.started
+            if elapsed > timeout:
+                raise BenchError(
+                    f"pg2sink did not confirm {workload.end_lsn} in {timeout}s:\n{_tail(stderr)}"
+                )
+            state = slot_state(watch, PG2SINK_SLOT, workload.end_lsn)
+            if state.active_pid is not None:
+                startup = startup or elapsed
+                walsender_cpu = cpu_seconds(state.active_pid) or walsender_cpu
+            if state.reached_end:
+                seconds = time.monotonic() - child.started
+                peak_kib = vm_hwm_kib(child.pid)
+                break
+            time.sleep(POLL_SECONDS)
+    finally:
+        child.stop()
+    if child.returncode not in (0, -signal.SIGTERM):
+        raise BenchError(f"pg2sink exited with {child.returncode} after SIGTERM:\n{_tail(stderr)}")
+    if peak_kib is None:
+        peak_kib = child.max_rss_kib
+    if peak_kib is None:
+        after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        peak_kib = after if after > rusage_before else None
+
+    modifications, lines = count_modifications(out)
+    if modifications != workload.changes:
+        raise BenchError(
+            f"pg2sink wrote {modifications} Modification lines to {out}, expected "
+            f"{workload.changes} ({lines} lines in all)"
+        )
+    return Consumer(
+        name="pg2sink",
+        command=argv,
+        changes=modifications,
+        seconds=seconds,
+        startup_seconds=startup,
+        client_cpu_seconds=child.cpu_seconds,
+        walsender_cpu_seconds=walsender_cpu,
+        peak_rss_mib=peak_kib / 1024 if peak_kib else None,
+        output_bytes=out.stat().st_size,
+        extra={"lines": lines, "stderr_tail": _tail(stderr, 10) if stderr.stat().st_size else ""},
+    )
+
+
+# --- report ------------------------------------------------------------------
+
+
+def _version(argv: Sequence[str]) -> str:
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    except OSError:
+        return "?"
+    return res.stdout.strip() or res.stderr.strip() or "?"
+
+
+def machine_info(conn: Conn, recvlogical: str) -> dict[str, Any]:
+    row = conn.execute("SELECT current_setting('server_version'), version()").fetchone()
+    assert row is not None
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    settings = conn.execute(
+        "SELECT name, setting FROM pg_settings WHERE name IN"
+        " ('logical_decoding_work_mem', 'shared_buffers', 'fsync', 'synchronous_commit')"
+        " ORDER BY name"
+    ).fetchall()
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "postgresql": row[0],
+        "postgresql_full": row[1],
+        "pg_recvlogical": _version([recvlogical, "--version"]),
+        "pg2sink": _version([sys.executable, "-m", "pg2sink", "--version"]),
+        "server_settings": {str(name): str(value) for name, value in settings},
+    }
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report(
+    workload: Workload,
+    recv: Consumer,
+    sink: Consumer,
+    info: dict[str, Any],
+    profiled: bool,
+) -> dict[str, Any]:
+    ratio = sink.changes_per_second / recv.changes_per_second
+    rss = sink.peak_rss_mib
+    ratio_ok = ratio >= TARGET_RATIO
+    rss_ok = rss is not None and rss < TARGET_RSS_MIB
+
+    print()
+    print(f"bench: {shlex.join([sys.executable, *sys.argv])}")
+    print(
+        f"machine: nproc={info['nproc']} cpu={info['cpu']!r} kernel={info['kernel']} "
+        f"python={info['python']}"
+    )
+    print(f"postgresql: {info['postgresql']} ({info['pg_recvlogical']}); {info['pg2sink']}")
+    print(
+        f"workload: {workload.changes:,} changes in {workload.transactions:,} transactions, "
+        f"{workload.wal_bytes / 2**20:,.1f} MiB of WAL ({workload.start_lsn} -> "
+        f"{workload.end_lsn}); insert {workload.insert_seconds:.1f}s, update "
+        f"{workload.update_seconds:.1f}s, small txns {workload.small_seconds:.1f}s"
+    )
+    for c in (recv, sink):
+        print(f"{c.name} command: {shlex.join(c.command)}")
+    if profiled:
+        print("NOTE: pg2sink ran under cProfile; its time is not representative")
+    print()
+    header = (
+        f"{'consumer':<15} {'changes':>9} {'seconds':>8} {'changes/s':>10} "
+        f"{'startup s':>9} {'client CPU s':>12} {'walsender CPU s':>15} "
+        f"{'peak RSS MiB':>12} {'output MiB':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for c in (recv, sink):
+        print(
+            f"{c.name:<15} {c.changes:>9,} {c.seconds:>8.2f} {c.changes_per_second:>10,.0f} "
+            f"{_fmt(c.startup_seconds, '.2f'):>9} {_fmt(c.client_cpu_seconds, '.2f'):>12} "
+            f"{_fmt(c.walsender_cpu_seconds, '.2f'):>15} {_fmt(c.peak_rss_mib, '.1f'):>12} "
+            f"{c.output_bytes / 2**20:>10.1f}"
+        )
+    print()
+    print(
+        f"pg2sink / pg_recvlogical changes/s: {ratio:.2f}   "
+        f"target >= {TARGET_RATIO}: {'PASS' if ratio_ok else 'MISS'}"
+    )
+    print(
+        f"pg2sink peak RSS: {_fmt(rss, '.1f')} MiB   "
+        f"target < {TARGET_RSS_MIB:.0f} MiB: {'PASS' if rss_ok else 'MISS'}"
+    )
+    if sink.extra.get("stderr_tail"):
+        print(f"pg2sink stderr (tail):\n{sink.extra['stderr_tail']}")
+    return {
+        "command": [sys.executable, *sys.argv],
+        "machine": info,
+        "workload": asdict(workload),
+        "consumers": {
+            c.name: {
+                **{k: v for k, v in asdict(c).items() if k not in ("name", "extra")},
+                "changes_per_second": c.changes_per_second,
+            }
+            for c in (recv, sink)
+        },
+        "ratio": ratio,
+        "targets": {
+            "ratio_min": TARGET_RATIO,
+            "ratio_pass": ratio_ok,
+            "rss_max_mib": TARGET_RSS_MIB,
+            "rss_pass": rss_ok,
+        },
+        "profiled": profiled,
+    }
+
+
+def print_profile(path: Path, top: int = 15) -> None:
+    buf = io.StringIO()
+    pstats.Stats(str(path), stream=buf).sort_stats("tottime").print_stats(top)
+    text = re.sub(r"\n{3,}", "\n\n", buf.getvalue())
+    print(f"\ncProfile of pg2sink, top {top} by tottime ({path}):\n{text.strip()}")
+
+
+# --- main --------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="pg2sink's file sink vs pg_recvlogical on the same changes "
+        "(see bench/README.md)."
+    )
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply every workload size (0.1 for a quick run; default 1)",
+    )
+    p.add_argument(
+        "--insert-rows", type=int, help=f"bulk INSERT rows (default {FULL_INSERT_ROWS:,})"
+    )
+    p.add_argument(
+        "--update-rows", type=int, help=f"bulk UPDATE rows (default {FULL_UPDATE_ROWS:,})"
+    )
+    p.add_argument(
+        "--small-txns", type=int, help=f"single-row transactions (default {FULL_SMALL_TXNS:,})"
+    )
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON")
+    p.add_argument(
+        "--timeout", type=float, default=1800.0, help="seconds allowed per consumer (default 1800)"
+    )
+    p.add_argument(
+        "--cprofile",
+        type=Path,
+        metavar="PATH",
+        help="run pg2sink under cProfile, write its stats to PATH and print the top 15 "
+        "functions by tottime (slows pg2sink down)",
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary directory with both outputs (the server is removed)",
+    )
+    return p.parse_args(argv)
+
+
+def sizes_from(args: argparse.Namespace) -> Sizes:
+    if args.scale <= 0:
+        raise BenchError("--scale must be positive")
+
+    def scaled(explicit: int | None, full: int) -> int:
+        return explicit if explicit is not None else max(1, round(full * args.scale))
+
+    return Sizes(
+        insert_rows=scaled(args.insert_rows, FULL_INSERT_ROWS),
+        update_rows=scaled(args.update_rows, FULL_UPDATE_ROWS),
+        small_txns=scaled(args.small_txns, FULL_SMALL_TXNS),
+    )
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the clean-up below
+
+
+def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    sizes = sizes_from(args)
+    sizes.check()
+    services = load_services()
+    recvlogical = str(services.postgres_bindir() / "pg_recvlogical")
+    if not Path(recvlogical).exists():
+        recvlogical = shutil.which("pg_recvlogical") or "pg_recvlogical"
+
+    print(f"starting PostgreSQL in {tmp} ...", flush=True)
+    server = start_postgres(services, tmp)
+    try:
+        dsn = server.dsn()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            info = machine_info(conn, recvlogical)
+            setup_schema(conn)
+            print(
+                f"workload: {sizes.insert_rows:,}-row INSERT, {sizes.update_rows:,}-row UPDATE, "
+                f"{sizes.small_txns:,} single-row transactions ...",
+                flush=True,
+            )
+            workload = run_workload(conn, sizes)
+            print(f"pg_recvlogical to {workload.end_lsn} ...", flush=True)
+            recv = run_recvlogical(recvlogical, dsn, workload, tmp, args.timeout, conn)
+            print(f"pg2sink to {workload.end_lsn} ...", flush=True)
+            sink = run_pg2sink(dsn, workload, tmp, args.timeout, conn, args.cprofile)
+        figures = report(workload, recv, sink, info, profiled=args.cprofile is not None)
+        if args.cprofile is not None:
+            print_profile(args.cprofile)
+        return figures
+    finally:
+        server.destroy()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    tmp = Path(tempfile.mkdtemp(prefix="pg2sink-bench-"))
+    tmp.chmod(0o755)  # the server runs as the postgres user when we are root
+    try:
+        figures = bench(args, tmp)
+    except BenchError as e:
+        print(f"bench-stream: FAILED: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bench-stream: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if args.keep:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
