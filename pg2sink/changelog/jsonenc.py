@@ -31,7 +31,7 @@ How each value from `pg2sink.changelog.typemap` is written:
 
 The UNCHANGED_TOAST marker is an object: no column value ever encodes as one (json and
 jsonb are strings), so it cannot be mistaken for data. Dataclasses (e.g. records) are written
-as objects of their fields. Non-ASCII text is written as is, never escaped.
+as objects of their fields, natively by orjson. Non-ASCII text is written as is, never escaped.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 from binascii import b2a_base64
 from collections.abc import Callable
-from dataclasses import fields, is_dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -47,7 +46,7 @@ import orjson
 
 from pg2sink.logical.messages import UnchangedToast
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "dumps_line", "loads"]
 
 _UNCHANGED_TOAST_JSON = {"unchanged_toast": True}
 
@@ -73,32 +72,29 @@ _ENCODERS: dict[type, Callable[[Any], object]] = {
     UnchangedToast: lambda _: _UNCHANGED_TOAST_JSON,
 }
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
 
 def _default(obj: Any) -> object:
     encoder = _ENCODERS.get(type(obj))
     if encoder is not None:
         return encoder(obj)
-    # orjson would write dataclasses itself, but it would also write UNCHANGED_TOAST (a
-    # dataclass without fields) as {}: dataclasses are passed through and handled here.
-    if is_dataclass(obj) and not isinstance(obj, type):
-        names = _FIELD_NAMES.get(type(obj))
-        if names is None:
-            names = _FIELD_NAMES[type(obj)] = tuple(f.name for f in fields(obj))
-        return {name: getattr(obj, name) for name in names}
     for kind, encode in _ENCODERS.items():
         if isinstance(obj, kind):
             return encode(obj)
     raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
 
 
-_OPTIONS = orjson.OPT_UTC_Z | orjson.OPT_PASSTHROUGH_DATACLASS
+_OPTIONS = orjson.OPT_UTC_Z
+_LINE_OPTIONS = orjson.OPT_UTC_Z | orjson.OPT_APPEND_NEWLINE
 
 
 def dumps(obj: object) -> bytes:
     """`obj` as one line of UTF-8 JSON (no trailing newline), as the table above says."""
     return orjson.dumps(obj, default=_default, option=_OPTIONS)
+
+
+def dumps_line(obj: object) -> bytes:
+    """`dumps(obj)` followed by a newline, without a copy: one JSON-lines record."""
+    return orjson.dumps(obj, default=_default, option=_LINE_OPTIONS)
 
 
 def loads(data: bytes | str, *, exact_numbers: bool = False) -> Any:

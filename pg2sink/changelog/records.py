@@ -4,6 +4,10 @@ These two classes are the product's contract with consumers; every sink
 encodes them (JSON lines in the file sink, Avro on Kafka) without changing
 their meaning. Values inside `before`/`after` are typed Python values
 produced by changelog.typemap (int, Decimal, datetime, ...).
+
+The classes are slotted but not frozen: a frozen dataclass costs five times
+as much to construct (object.__setattr__ per field), and one Modification
+is built per change on the hot path. Treat them as immutable all the same.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ class Operation(StrEnum):
     IMPORT = "IMPORT"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Schema:
     """The Avro record schema of a table's rows, emitted when it is first seen or changes."""
 
@@ -39,7 +43,7 @@ class Schema:
     """Primary-key column names, in key order (also in schema['pg.primary_key'])."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Modification:
     """One row change, as committed."""
 

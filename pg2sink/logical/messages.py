@@ -14,7 +14,7 @@ None outside streaming.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import ClassVar, Final, TypeAlias
 
 __all__ = [
     "UNCHANGED_TOAST",
@@ -40,12 +40,21 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True, repr=False)
 class UnchangedToast:
     """An unchanged TOASTed value that the server did not send (tuple kind 'u').
 
-    Use the singleton `UNCHANGED_TOAST`; all instances compare equal anyway.
+    A singleton: `UnchangedToast()` always returns `UNCHANGED_TOAST`. Deliberately not a
+    dataclass, so JSON encoders (orjson) hand it to their fallback instead of writing
+    it as an empty object.
     """
+
+    __slots__ = ()
+    _instance: ClassVar[UnchangedToast | None] = None
+
+    def __new__(cls) -> UnchangedToast:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
 
     def __repr__(self) -> str:
         return "UNCHANGED_TOAST"

@@ -17,6 +17,7 @@ from typing import Final
 from pg2sink.errors import DecodeError
 
 __all__ = [
+    "XLOG_DATA_HEADER",
     "CopyDataTag",
     "PrimaryKeepalive",
     "XLogData",
@@ -34,6 +35,9 @@ class CopyDataTag(IntEnum):
 
 
 _XLOG_DATA: Final = struct.Struct(">BQQq")  # tag, data start, WAL end, send time
+#: The XLogData header, public for the replication loop's fast path, which unpacks it
+#: in place instead of building an XLogData per message; the payload starts at its size.
+XLOG_DATA_HEADER: Final = _XLOG_DATA
 _KEEPALIVE: Final = struct.Struct(">BQqB")  # tag, WAL end, send time, reply requested
 _STATUS_UPDATE: Final = struct.Struct(">BQQQqB")  # tag, write, flush, apply, send time, reply
 

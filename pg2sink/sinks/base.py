@@ -20,6 +20,10 @@ from pg2sink.changelog.records import Record
 
 
 class Sink(Protocol):
+    #: True when the sink writes JSON (jsonenc): row values may then be decoded
+    #: straight to their JSON form (ValueCodec.to_json) instead of Python values.
+    json_values: bool
+
     def open(self) -> None: ...
 
     def write(self, record: Record) -> None: ...

@@ -14,9 +14,9 @@ import logging
 import os
 import stat
 import sys
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
-from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.jsonenc import dumps_line
 from pg2sink.changelog.records import Modification, Record, Schema
 from pg2sink.errors import SinkError
 
@@ -26,35 +26,32 @@ log = logging.getLogger(__name__)
 BUFFER_BYTES = 1 << 20
 
 
-def record_to_json(record: Record) -> dict[str, Any]:
-    """The JSON object of one record (README "Records" documents the fields)."""
+_MODIFICATION_PREFIX = b'{"kind":"modification",'
+
+
+def record_to_json(record: Record) -> bytes:
+    """One JSON line (with its newline) for a record; README "Records" documents the fields."""
     if record.__class__ is Modification:
-        assert isinstance(record, Modification)
-        return {
-            "kind": "modification",
+        # orjson writes the dataclass natively, fields in declaration order; the
+        # discriminator goes in front by splicing, cheaper than building a dict.
+        return _MODIFICATION_PREFIX + dumps_line(record)[1:]
+    assert isinstance(record, Schema)
+    return dumps_line(
+        {
+            "kind": "schema",
             "timestamp": record.timestamp,
-            "sequence": record.sequence,
             "lsn": record.lsn,
-            "xid": record.xid,
-            "operation": record.operation.value,
             "namespace": record.namespace,
             "name": record.name,
-            "before": record.before,
-            "after": record.after,
+            "schema": record.schema,
         }
-    assert isinstance(record, Schema)
-    return {
-        "kind": "schema",
-        "timestamp": record.timestamp,
-        "lsn": record.lsn,
-        "namespace": record.namespace,
-        "name": record.name,
-        "schema": record.schema,
-    }
+    )
 
 
 class FileSink:
     """JSON-lines sink; see module docstring."""
+
+    json_values = True
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -80,7 +77,10 @@ class FileSink:
     def write(self, record: Record) -> None:
         assert self._out is not None, "open() the sink first"
         try:
-            self._out.write(dumps(record_to_json(record)) + b"\n")
+            if record.__class__ is Modification:  # inlined record_to_json: once per change
+                self._out.write(_MODIFICATION_PREFIX + dumps_line(record)[1:])
+            else:
+                self._out.write(record_to_json(record))
         except OSError as e:
             raise SinkError(f"cannot write to {self.path!r}: {e.strerror}") from None
 

@@ -22,7 +22,7 @@ class ChangelogHandler:
 
     def __init__(self, catalog: CatalogLookup, sink: Sink) -> None:
         self.sink = sink
-        self.builder = ChangelogBuilder(catalog, sink.write)
+        self.builder = ChangelogBuilder(catalog, sink.write, json_values=sink.json_values)
         self.handle = self.builder.handle
 
     @property

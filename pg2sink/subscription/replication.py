@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import select
 from collections.abc import Sequence
+from typing import NoReturn
 
 import psycopg
 from psycopg import pq, sql
@@ -88,7 +89,13 @@ class ReplicationStream:
             return data
         if nbytes == 0:
             return None
-        # -1: the server ended the copy (e.g. it is shutting down); -2: error.
+        self.ended()
+
+    def ended(self) -> NoReturn:
+        """Raise for a get_copy_data result < 0: the copy is over.
+
+        -1: the server ended the copy (e.g. it is shutting down); -2: error.
+        """
         result = self.pgconn.get_result()
         message = _result_error(result) or self.pgconn.get_error_message()
         raise ConnectError(f"replication stream ended: {message.strip() or 'server closed it'}")

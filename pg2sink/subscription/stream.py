@@ -28,8 +28,9 @@ from pg2sink.logical.decoder import decode
 from pg2sink.logical.lsn import format_lsn, now_pg_timestamp
 from pg2sink.logical.messages import Commit, PgOutputMessage
 from pg2sink.logical.replication import (
+    XLOG_DATA_HEADER,
+    CopyDataTag,
     PrimaryKeepalive,
-    XLogData,
     parse_copy_data,
     standby_status_update,
 )
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 #: Check the clock once per this many messages while data keeps arriving.
 _HOUSEKEEPING_EVERY = 512
+_XLOG_DATA_TAG = int(CopyDataTag.XLOG_DATA)
 
 
 class ChangeHandler(Protocol):
@@ -139,26 +141,33 @@ class Streamer:
         self._next_poll = now + (self.poll_interval or 0.0)
         stream = self.stream
         handle = self.handler.handle
+        unpack_header = XLOG_DATA_HEADER.unpack_from
+        header_size = XLOG_DATA_HEADER.size
         countdown = _HOUSEKEEPING_EVERY
+        get_copy_data = stream.pgconn.get_copy_data
         while not self.stop.requested:
-            buf = stream.read()
-            if buf is None:
+            # stream.read() inlined: get_copy_data(async) returns (0, _) when nothing is
+            # buffered, a negative size when the stream ended.
+            nbytes, buf = get_copy_data(1)
+            if nbytes <= 0:
+                if nbytes < 0:
+                    stream.ended()
                 self._housekeeping(self.clock())
                 stream.wait(self._time_to_deadline(), (self.stop.fileno,))
                 self.stop.drain()
                 countdown = _HOUSEKEEPING_EVERY
                 continue
-            msg = parse_copy_data(buf)
-            if msg.__class__ is XLogData:
-                assert isinstance(msg, XLogData)
-                if msg.wal_end > self.received_lsn:
-                    self.received_lsn = msg.wal_end
-                change = decode(msg.payload)
-                handle(change, msg.data_start)
+            if buf[0] == _XLOG_DATA_TAG:
+                # Fast path, once per change: unpack the XLogData header in place.
+                _, data_start, wal_end, _ = unpack_header(buf)
+                if wal_end > self.received_lsn:
+                    self.received_lsn = wal_end
+                change = decode(buf[header_size:])
+                handle(change, data_start)
                 if change.__class__ is Commit:
-                    assert isinstance(change, Commit)
                     self._checkpoint(change.end_lsn)
             else:
+                msg = parse_copy_data(buf)
                 assert isinstance(msg, PrimaryKeepalive)
                 self._keepalive(msg)
             self.messages += 1
