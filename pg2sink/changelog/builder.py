@@ -20,6 +20,7 @@ from pg2sink.changelog.records import Modification, Operation, Record, Schema
 from pg2sink.changelog.rows import RowDecoder
 from pg2sink.changelog.typemap import RowColumn, ValueCodec, avro_row_schema, codec_for
 from pg2sink.errors import DecodeError
+from pg2sink.logical.decoder import MessageTag, decode
 from pg2sink.logical.lsn import pg_timestamp_to_datetime
 from pg2sink.logical.messages import (
     UNCHANGED_TOAST,
@@ -36,8 +37,11 @@ from pg2sink.logical.messages import (
     Type,
     Update,
 )
+from pg2sink.logical.rowreader import RowReader, compile_row_reader, new_row_offset
 
 log = logging.getLogger(__name__)
+
+_INSERT_TAG = int(MessageTag.INSERT)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -53,6 +57,8 @@ class RelationState:
     key_indexes: tuple[int, ...]
     """Positions of the replica-identity key columns (for 'K' old tuples)."""
     decoder: RowDecoder
+    read_new: RowReader
+    """Fused bytes → dict reader for new rows (logical.rowreader), same converters."""
     schema: dict[str, Any]
     primary_key: tuple[str, ...]
 
@@ -81,8 +87,44 @@ class ChangelogBuilder:
         self.in_transaction = False
         self.begin_lsn = 0
 
+    def feed(self, payload: bytes | memoryview, lsn: int) -> int:
+        """Process one raw pgoutput message whose XLogData started at `lsn`.
+
+        Returns the transaction's end LSN when the message was a Commit (a point the
+        stream may checkpoint), else 0. Inserts and Updates without an old tuple take
+        the fused reader (logical.rowreader); everything else, and anything the reader
+        declines, goes through decode() and handle().
+        """
+        data = payload if payload.__class__ is bytes else bytes(payload)
+        found = new_row_offset(data)
+        if found is not None:
+            rel = self.relations.get(found[0])
+            if rel is not None:
+                after = rel.read_new(data, found[1])
+                if after is not None:
+                    self.emit(
+                        Modification(
+                            self.commit_time,
+                            self.sequence,
+                            lsn,
+                            self.xid,
+                            Operation.INSERT if data[0] == _INSERT_TAG else Operation.UPDATE,
+                            rel.namespace,
+                            rel.name,
+                            None,
+                            after,
+                        )
+                    )
+                    self.sequence += 1
+                    return 0
+        msg = decode(data)
+        self.handle(msg, lsn)
+        if msg.__class__ is Commit:
+            return msg.end_lsn
+        return 0
+
     def handle(self, msg: PgOutputMessage, lsn: int) -> None:
-        """Process one message whose XLogData started at `lsn`."""
+        """Process one decoded message whose XLogData started at `lsn`."""
         # Ordered by frequency: row changes dominate every real workload.
         cls = msg.__class__
         if cls is Insert:
@@ -138,15 +180,15 @@ class ChangelogBuilder:
                 for n, codec in zip(names, codecs, strict=True)
             ],
         )
+        converters = [c.to_json if self.json_values else c.decode for c in codecs]
         self.relations[msg.relation_id] = RelationState(
             relation_id=msg.relation_id,
             namespace=msg.namespace,
             name=msg.name,
             columns=names,
             key_indexes=tuple(i for i, c in enumerate(msg.columns) if c.is_key),
-            decoder=RowDecoder(
-                names, [c.to_json if self.json_values else c.decode for c in codecs]
-            ),
+            decoder=RowDecoder(names, converters),
+            read_new=compile_row_reader(names, converters),
             schema=schema,
             primary_key=primary_key,
         )

@@ -11,6 +11,7 @@ from typing import TextIO
 
 from pg2sink.catalog.catalog import CatalogLookup
 from pg2sink.changelog.builder import ChangelogBuilder
+from pg2sink.logical.decoder import decode
 from pg2sink.logical.lsn import format_lsn
 from pg2sink.logical.messages import Begin, Commit, PgOutputMessage, Relation
 from pg2sink.logical.render import render
@@ -23,7 +24,7 @@ class ChangelogHandler:
     def __init__(self, catalog: CatalogLookup, sink: Sink) -> None:
         self.sink = sink
         self.builder = ChangelogBuilder(catalog, sink.write, json_values=sink.json_values)
-        self.handle = self.builder.handle
+        self.feed = self.builder.feed
 
     @property
     def in_transaction(self) -> bool:
@@ -50,6 +51,11 @@ class DecodeOnlyHandler:
     @property
     def in_transaction(self) -> bool:
         return self._in_transaction
+
+    def feed(self, payload: bytes | memoryview, lsn: int) -> int:
+        msg = decode(payload)
+        self.handle(msg, lsn)
+        return msg.end_lsn if isinstance(msg, Commit) else 0
 
     def handle(self, msg: PgOutputMessage, lsn: int) -> None:
         if isinstance(msg, Relation):

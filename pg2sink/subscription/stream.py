@@ -24,9 +24,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Protocol
 
-from pg2sink.logical.decoder import decode
 from pg2sink.logical.lsn import format_lsn, now_pg_timestamp
-from pg2sink.logical.messages import Commit, PgOutputMessage
 from pg2sink.logical.replication import (
     XLOG_DATA_HEADER,
     CopyDataTag,
@@ -46,7 +44,10 @@ _XLOG_DATA_TAG = int(CopyDataTag.XLOG_DATA)
 class ChangeHandler(Protocol):
     """Where decoded messages go; see ChangelogHandler and DecodeOnlyHandler."""
 
-    def handle(self, msg: PgOutputMessage, lsn: int) -> None: ...
+    def feed(self, payload: bytes | memoryview, lsn: int) -> int:
+        """Process one pgoutput message that started at `lsn`; return the transaction's
+        end LSN if it was a Commit, else 0."""
+        ...
 
     @property
     def in_transaction(self) -> bool: ...
@@ -133,6 +134,8 @@ class Streamer:
         self._next_status = 0.0
         self._next_poll = 0.0
         self.messages = 0
+        #: time spent waiting for the server (the rest is pg2sink's own work)
+        self.idle_seconds = 0.0
 
     def run(self) -> None:
         now = self.clock()
@@ -140,7 +143,7 @@ class Streamer:
         self._next_status = now + self.heartbeat_interval
         self._next_poll = now + (self.poll_interval or 0.0)
         stream = self.stream
-        handle = self.handler.handle
+        feed = self.handler.feed
         unpack_header = XLOG_DATA_HEADER.unpack_from
         header_size = XLOG_DATA_HEADER.size
         countdown = _HOUSEKEEPING_EVERY
@@ -153,7 +156,9 @@ class Streamer:
                 if nbytes < 0:
                     stream.ended()
                 self._housekeeping(self.clock())
+                idle_from = self.clock()
                 stream.wait(self._time_to_deadline(), (self.stop.fileno,))
+                self.idle_seconds += self.clock() - idle_from
                 self.stop.drain()
                 countdown = _HOUSEKEEPING_EVERY
                 continue
@@ -162,10 +167,9 @@ class Streamer:
                 _, data_start, wal_end, _ = unpack_header(buf)
                 if wal_end > self.received_lsn:
                     self.received_lsn = wal_end
-                change = decode(buf[header_size:])
-                handle(change, data_start)
-                if change.__class__ is Commit:
-                    self._checkpoint(change.end_lsn)
+                end_lsn = feed(buf[header_size:], data_start)
+                if end_lsn:
+                    self._checkpoint(end_lsn)
             else:
                 msg = parse_copy_data(buf)
                 assert isinstance(msg, PrimaryKeepalive)
@@ -234,7 +238,9 @@ class Streamer:
         self._flush()
         self._send_status(self.clock(), force=True)
         log.info(
-            "stopped: received up to %s, confirmed %s",
+            "stopped: %d messages, %.1fs waiting for the server; received up to %s, confirmed %s",
+            self.messages,
+            self.idle_seconds,
             format_lsn(self.received_lsn),
             format_lsn(self.confirmed_lsn) if self.confirm else "nothing (--decode-only)",
         )
