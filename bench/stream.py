@@ -3,28 +3,36 @@
 Method
 ------
 1. Start a throwaway PostgreSQL (scripts/services.py: wal_level=logical,
-   fsync off) in a temporary directory, create one table
+   fsync off, synchronous_commit off) in a temporary directory, create one
+   table (autovacuum off, so no VACUUM of it competes with the runs)
 
        bench (id int8 primary key, name text, amount numeric(12,2),
               at timestamptz, flag bool, doc jsonb)
 
-   a publication `bench_pub` for it, and two pgoutput slots
-   (`bench_recvlogical`, `bench_pg2sink`) *before* any change is made, so
-   both consumers must decode exactly the same WAL.
+   a publication `bench_pub` for it, and 2 x N pgoutput slots
+   (`bench_recvlogical_1..N`, `bench_pg2sink_1..N`, N = `--repeat`, default
+   3) *before* any change is made, so every run decodes exactly the same WAL.
 2. Run the workload: one INSERT transaction of 500,000 rows
    (`INSERT ... SELECT FROM generate_series`), one UPDATE transaction of
    250,000 rows, then 50,000 single-row transactions (half INSERT, half
    UPDATE, interleaved), sent 100 transactions per round trip as one
    simple-query string `BEGIN; ...; COMMIT; BEGIN; ...` so each is its own
    commit. The last part is checked: the rows they touched must carry
-   50,000 distinct xmin values. END = pg_current_wal_lsn() afterwards;
-   the expected change count is the sum of the three parts.
-   `--scale` multiplies all three sizes.
-3. pg_recvlogical (the server's own client, C, no decoding of the pgoutput
-   bytes) streams `bench_recvlogical` with the same options pg2sink sends
+   50,000 distinct xmin values. END = pg_current_wal_insert_lsn() afterwards
+   (the write position can be short of the last asynchronous commits), and
+   the script waits until WAL is flushed up to END, as walsenders only send
+   flushed WAL; otherwise the first run would wait for the WAL writer too.
+   The expected change count is the sum of the three parts. `--scale`
+   multiplies all three sizes.
+3. The consumers then run alternately, N times each: pg_recvlogical on slot
+   1, pg2sink on slot 1, pg_recvlogical on slot 2, ... Alternating spreads
+   drift on the machine (page cache, other load) over both. Each slot is
+   dropped right after its run, which frees its WAL and spill files.
+4. pg_recvlogical (the server's own client, C, no decoding of the pgoutput
+   bytes) streams its slot with the same options pg2sink sends
    (proto_version=1, publication_names=bench_pub) into a file and exits at
-   `--endpos END`; its time is process start to exit.
-4. pg2sink runs as a user would run it (`python -m pg2sink --sink file ...`).
+   `--endpos END` (exit code 0); its time is process start to exit.
+5. pg2sink runs as a user would run it (`python -m pg2sink --sink file ...`).
    Its time is process start (interpreter start-up included) until its slot's
    confirmed_flush_lsn >= END, polled every 50 ms; that is when every change
    is durably in the file (pg2sink confirms only what its sink fsynced, at
@@ -34,9 +42,16 @@ Method
    can overstate it, as Linux carries the forking parent's peak across exec).
    The output must hold exactly the expected number of Modification lines.
 
-pg_recvlogical runs first, so both read WAL that is in the page cache. Both
-walsenders do the same work (decoding, reorder buffer spilled to disk for
-the big transactions); the difference is the client. CPU seconds of the
+Report: every run's seconds and changes/s, then per consumer the median of
+changes/s, seconds, start-up, client CPU, walsender CPU and output size, and
+the maximum peak RSS. The ratio checked against the target is
+median(pg2sink changes/s) / median(pg_recvlogical changes/s); the minimum
+and maximum of the per-run ratio (pg2sink run i over pg_recvlogical run i)
+show the spread. `--cprofile` profiles pg2sink's first run only (that run
+still counts in the summary).
+
+Both walsenders do the same work (decoding, reorder buffer spilled to disk
+for the big transactions); the difference is the client. CPU seconds of the
 client (from wait4) and of its walsender (sampled from /proc) are printed
 to show where time goes. The benchmark reports the targets (pg2sink at
 least 0.8x pg_recvlogical's changes/s, peak RSS below 300 MiB); it does not
@@ -58,6 +73,7 @@ import resource
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,8 +92,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 TABLE = "bench"
 PUBLICATION = "bench_pub"
-RECVLOGICAL_SLOT = "bench_recvlogical"
-PG2SINK_SLOT = "bench_pg2sink"
+RECVLOGICAL_SLOT = "bench_recvlogical"  # runs use bench_recvlogical_1..N
+PG2SINK_SLOT = "bench_pg2sink"  # runs use bench_pg2sink_1..N
+DEFAULT_REPEAT = 3
 
 FULL_INSERT_ROWS = 500_000
 FULL_UPDATE_ROWS = 250_000
@@ -190,11 +207,16 @@ class Workload:
     small_seconds: float
 
 
-def setup_schema(conn: Conn) -> None:
+def slot_name(prefix: str, run: int) -> str:
+    return f"{prefix}_{run}"
+
+
+def setup_schema(conn: Conn, repeat: int) -> None:
+    """The table, the publication and every run's slot, before any change is made."""
     conn.execute(
         sql.SQL(
             "CREATE TABLE {} (id int8 PRIMARY KEY, name text, amount numeric(12,2),"
-            " at timestamptz, flag bool, doc jsonb)"
+            " at timestamptz, flag bool, doc jsonb) WITH (autovacuum_enabled = false)"
         ).format(sql.Identifier(TABLE))
     )
     conn.execute(
@@ -202,14 +224,66 @@ def setup_schema(conn: Conn) -> None:
             sql.Identifier(PUBLICATION), sql.Identifier(TABLE)
         )
     )
-    for slot in (RECVLOGICAL_SLOT, PG2SINK_SLOT):
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    row = conn.execute("SELECT current_setting('max_replication_slots')::int").fetchone()
+    assert row is not None
+    if 2 * repeat > row[0]:
+        raise BenchError(
+            f"--repeat {repeat} needs {2 * repeat} slots; max_replication_slots is {row[0]}"
+        )
+    for run in range(1, repeat + 1):
+        for prefix in (RECVLOGICAL_SLOT, PG2SINK_SLOT):
+            conn.execute(
+                "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                (slot_name(prefix, run),),
+            )
+
+
+def drop_slot(conn: Conn, slot: str, timeout: float = 30.0) -> None:
+    """Drop a slot once its walsender has let go of it (it frees WAL and spill files)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = conn.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()
+        if row is None:
+            return
+        if row[0] is None:
+            try:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                return
+            except psycopg.errors.ObjectInUse:
+                pass  # a walsender took it between the two statements
+        if time.monotonic() > deadline:
+            raise BenchError(f"replication slot {slot} still active {timeout}s after its run")
+        time.sleep(POLL_SECONDS)
 
 
 def current_lsn(conn: Conn) -> str:
-    row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    """The end of the WAL inserted so far.
+
+    Not pg_current_wal_lsn(), the *write* position: with synchronous_commit=off
+    the last commits can lie beyond it.
+    """
+    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     assert row is not None
     return str(row[0])
+
+
+def wait_for_wal_flush(conn: Conn, lsn: str, timeout: float = 30.0) -> None:
+    """Wait until WAL is flushed up to `lsn`.
+
+    With synchronous_commit=off the tail of the workload is flushed by the WAL
+    writer some time later, and walsenders only send flushed WAL: without this
+    wait the first consumer run would also wait for that flush.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        row = conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (lsn,)).fetchone()
+        if row is not None and row[0]:
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"WAL was not flushed up to {lsn} within {timeout}s")
+        time.sleep(0.01)
 
 
 def _small_statements(sizes: Sizes) -> Iterator[sql.Composable]:
@@ -288,6 +362,7 @@ def run_workload(conn: Conn, sizes: Sizes) -> Workload:
         )
 
     end = current_lsn(conn)
+    wait_for_wal_flush(conn, end)
     row = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (end, start)).fetchone()
     assert row is not None
     return Workload(
@@ -409,7 +484,11 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 @dataclass
 class Consumer:
+    """One run of one consumer on its own slot."""
+
     name: str
+    run: int
+    slot: str
     command: list[str]
     changes: int
     seconds: float
@@ -426,15 +505,16 @@ class Consumer:
 
 
 def run_recvlogical(
-    binary: str, dsn: str, workload: Workload, tmp: Path, timeout: float, watch: Conn
+    binary: str, dsn: str, run: int, workload: Workload, tmp: Path, timeout: float, watch: Conn
 ) -> Consumer:
-    out = tmp / "recvlogical.out"
+    slot = slot_name(RECVLOGICAL_SLOT, run)
+    out = tmp / f"recvlogical_{run}.out"
     argv = [
         binary,
         "-d",
         dsn,
         "--slot",
-        RECVLOGICAL_SLOT,
+        slot,
         "--start",
         "--endpos",
         workload.end_lsn,
@@ -446,8 +526,8 @@ def run_recvlogical(
         str(out),
         "--no-loop",
     ]
-    stderr = tmp / "recvlogical.stderr"
-    child = Child.spawn(argv, tmp / "recvlogical.stdout", stderr)
+    stderr = tmp / f"recvlogical_{run}.stderr"
+    child = Child.spawn(argv, tmp / f"recvlogical_{run}.stdout", stderr)
     startup: float | None = None
     walsender_cpu: float | None = None
     peak_kib: int | None = None
@@ -455,7 +535,7 @@ def run_recvlogical(
         while child.poll() is None:
             if time.monotonic() - child.started > timeout:
                 raise BenchError(f"pg_recvlogical did not reach {workload.end_lsn} in {timeout}s")
-            state = slot_state(watch, RECVLOGICAL_SLOT, workload.end_lsn)
+            state = slot_state(watch, slot, workload.end_lsn)
             if state.active_pid is not None:
                 # Connected, so past exec: VmHWM is pg_recvlogical's own now.
                 startup = startup or time.monotonic() - child.started
@@ -472,6 +552,8 @@ def run_recvlogical(
         )
     return Consumer(
         name="pg_recvlogical",
+        run=run,
+        slot=slot,
         command=argv,
         changes=workload.changes,
         seconds=seconds,
@@ -496,9 +578,16 @@ def count_modifications(path: Path) -> tuple[int, int]:
 
 
 def run_pg2sink(
-    dsn: str, workload: Workload, tmp: Path, timeout: float, watch: Conn, profile: Path | None
+    dsn: str,
+    run: int,
+    workload: Workload,
+    tmp: Path,
+    timeout: float,
+    watch: Conn,
+    profile: Path | None,
 ) -> Consumer:
-    out = tmp / "out.jsonl"
+    slot = slot_name(PG2SINK_SLOT, run)
+    out = tmp / f"pg2sink_{run}.jsonl"
     python = [sys.executable]
     if profile is not None:
         python += ["-m", "cProfile", "-o", str(profile)]
@@ -509,7 +598,7 @@ def run_pg2sink(
         "--source",
         dsn,
         "--slot",
-        PG2SINK_SLOT,
+        slot,
         "--publication",
         PUBLICATION,
         "--sink",
@@ -519,9 +608,9 @@ def run_pg2sink(
         "--log-level",
         "warning",
     ]
-    stderr = tmp / "pg2sink.stderr"
+    stderr = tmp / f"pg2sink_{run}.stderr"
     rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    child = Child.spawn(argv, tmp / "pg2sink.stdout", stderr)
+    child = Child.spawn(argv, tmp / f"pg2sink_{run}.stdout", stderr)
     startup: float | None = None
     walsender_cpu: float | None = None
     peak_kib: int | None = None
@@ -537,7 +626,7 @@ def run_pg2sink(
                 raise BenchError(
                     f"pg2sink did not confirm {workload.end_lsn} in {timeout}s:\n{_tail(stderr)}"
                 )
-            state = slot_state(watch, PG2SINK_SLOT, workload.end_lsn)
+            state = slot_state(watch, slot, workload.end_lsn)
             if state.active_pid is not None:
                 startup = startup or elapsed
                 walsender_cpu = cpu_seconds(state.active_pid) or walsender_cpu
@@ -559,11 +648,13 @@ def run_pg2sink(
     modifications, lines = count_modifications(out)
     if modifications != workload.changes:
         raise BenchError(
-            f"pg2sink wrote {modifications} Modification lines to {out}, expected "
+            f"pg2sink run {run} wrote {modifications} Modification lines to {out}, expected "
             f"{workload.changes} ({lines} lines in all)"
         )
     return Consumer(
         name="pg2sink",
+        run=run,
+        slot=slot,
         command=argv,
         changes=modifications,
         seconds=seconds,
@@ -618,15 +709,56 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _max(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _as_dict(c: Consumer) -> dict[str, Any]:
+    return {
+        **{k: v for k, v in asdict(c).items() if k != "name"},
+        "changes_per_second": c.changes_per_second,
+    }
+
+
+def summarize(runs: Sequence[Consumer]) -> dict[str, Any]:
+    """Medians over a consumer's runs; peak RSS is the maximum."""
+    return {
+        "runs": len(runs),
+        "changes": runs[0].changes,
+        "seconds": [c.seconds for c in runs],
+        "seconds_median": _median([c.seconds for c in runs]),
+        "changes_per_second_median": _median([c.changes_per_second for c in runs]),
+        "startup_seconds_median": _median([c.startup_seconds for c in runs]),
+        "client_cpu_seconds_median": _median([c.client_cpu_seconds for c in runs]),
+        "walsender_cpu_seconds_median": _median([c.walsender_cpu_seconds for c in runs]),
+        "peak_rss_mib_max": _max([c.peak_rss_mib for c in runs]),
+        "output_bytes_median": _median([c.output_bytes for c in runs]),
+    }
+
+
 def report(
     workload: Workload,
-    recv: Consumer,
-    sink: Consumer,
+    recvs: Sequence[Consumer],
+    sinks: Sequence[Consumer],
     info: dict[str, Any],
     profiled: bool,
 ) -> dict[str, Any]:
-    ratio = sink.changes_per_second / recv.changes_per_second
-    rss = sink.peak_rss_mib
+    repeat = len(recvs)
+    summaries = {"pg_recvlogical": summarize(recvs), "pg2sink": summarize(sinks)}
+    ratio = (
+        summaries["pg2sink"]["changes_per_second_median"]
+        / summaries["pg_recvlogical"]["changes_per_second_median"]
+    )
+    run_ratios = [
+        s.changes_per_second / r.changes_per_second for r, s in zip(recvs, sinks, strict=True)
+    ]
+    rss = summaries["pg2sink"]["peak_rss_mib_max"]
     ratio_ok = ratio >= TARGET_RATIO
     rss_ok = rss is not None and rss < TARGET_RSS_MIB
 
@@ -643,10 +775,30 @@ def report(
         f"{workload.end_lsn}); insert {workload.insert_seconds:.1f}s, update "
         f"{workload.update_seconds:.1f}s, small txns {workload.small_seconds:.1f}s"
     )
-    for c in (recv, sink):
-        print(f"{c.name} command: {shlex.join(c.command)}")
+    print(
+        f"runs: {repeat} of each consumer, alternating (pg_recvlogical 1, pg2sink 1, ...), "
+        "each on its own slot created before the workload"
+    )
+    for c in (recvs[0], sinks[0]):
+        print(f"{c.name} command (run 1; run i uses slot and output _i): {shlex.join(c.command)}")
     if profiled:
-        print("NOTE: pg2sink ran under cProfile; its time is not representative")
+        print(
+            "NOTE: pg2sink run 1 (*) ran under cProfile: its time and RSS are inflated "
+            "and still count in the summary"
+        )
+    print()
+    header = (
+        f"{'run':>3} {'pg_recvlogical s':>16} {'changes/s':>10} "
+        f"{'pg2sink s':>10} {'changes/s':>10} {'ratio':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r, s, run_ratio in zip(recvs, sinks, run_ratios, strict=True):
+        mark = "*" if profiled and s.run == 1 else " "
+        print(
+            f"{r.run:>3} {r.seconds:>16.2f} {r.changes_per_second:>10,.0f} "
+            f"{s.seconds:>9.2f}{mark} {s.changes_per_second:>10,.0f} {run_ratio:>6.2f}"
+        )
     print()
     header = (
         f"{'consumer':<15} {'changes':>9} {'seconds':>8} {'changes/s':>10} "
@@ -655,43 +807,58 @@ def report(
     )
     print(header)
     print("-" * len(header))
-    for c in (recv, sink):
+    for name, m in summaries.items():
         print(
-            f"{c.name:<15} {c.changes:>9,} {c.seconds:>8.2f} {c.changes_per_second:>10,.0f} "
-            f"{_fmt(c.startup_seconds, '.2f'):>9} {_fmt(c.client_cpu_seconds, '.2f'):>12} "
-            f"{_fmt(c.walsender_cpu_seconds, '.2f'):>15} {_fmt(c.peak_rss_mib, '.1f'):>12} "
-            f"{c.output_bytes / 2**20:>10.1f}"
+            f"{name:<15} {m['changes']:>9,} {m['seconds_median']:>8.2f} "
+            f"{m['changes_per_second_median']:>10,.0f} "
+            f"{_fmt(m['startup_seconds_median'], '.2f'):>9} "
+            f"{_fmt(m['client_cpu_seconds_median'], '.2f'):>12} "
+            f"{_fmt(m['walsender_cpu_seconds_median'], '.2f'):>15} "
+            f"{_fmt(m['peak_rss_mib_max'], '.1f'):>12} "
+            f"{m['output_bytes_median'] / 2**20:>10.1f}"
         )
+    print(f"(medians of {repeat} runs; peak RSS is the maximum)")
     print()
     print(
-        f"pg2sink / pg_recvlogical changes/s: {ratio:.2f}   "
-        f"target >= {TARGET_RATIO}: {'PASS' if ratio_ok else 'MISS'}"
+        f"pg2sink / pg_recvlogical, median changes/s: {ratio:.2f}   "
+        f"target >= {TARGET_RATIO}: {'PASS' if ratio_ok else 'MISS'}   "
+        f"(per-run ratio min {min(run_ratios):.2f}, max {max(run_ratios):.2f})"
     )
     print(
-        f"pg2sink peak RSS: {_fmt(rss, '.1f')} MiB   "
+        f"pg2sink peak RSS (max of {repeat} runs): {_fmt(rss, '.1f')} MiB   "
         f"target < {TARGET_RSS_MIB:.0f} MiB: {'PASS' if rss_ok else 'MISS'}"
     )
-    if sink.extra.get("stderr_tail"):
-        print(f"pg2sink stderr (tail):\n{sink.extra['stderr_tail']}")
+    for s in sinks:
+        if s.extra.get("stderr_tail"):
+            print(f"pg2sink run {s.run} stderr (tail):\n{s.extra['stderr_tail']}")
     return {
         "command": [sys.executable, *sys.argv],
         "machine": info,
         "workload": asdict(workload),
-        "consumers": {
-            c.name: {
-                **{k: v for k, v in asdict(c).items() if k not in ("name", "extra")},
-                "changes_per_second": c.changes_per_second,
+        "repeat": repeat,
+        "runs": [
+            {
+                "run": r.run,
+                "ratio": run_ratio,
+                "pg_recvlogical": _as_dict(r),
+                "pg2sink": _as_dict(s),
             }
-            for c in (recv, sink)
+            for r, s, run_ratio in zip(recvs, sinks, run_ratios, strict=True)
+        ],
+        "summary": {
+            **summaries,
+            "ratio": ratio,
+            "ratio_definition": "median pg2sink changes/s / median pg_recvlogical changes/s",
+            "run_ratio_min": min(run_ratios),
+            "run_ratio_max": max(run_ratios),
         },
-        "ratio": ratio,
         "targets": {
             "ratio_min": TARGET_RATIO,
             "ratio_pass": ratio_ok,
             "rss_max_mib": TARGET_RSS_MIB,
             "rss_pass": rss_ok,
         },
-        "profiled": profiled,
+        "profiled_run": 1 if profiled else None,
     }
 
 
@@ -699,7 +866,7 @@ def print_profile(path: Path, top: int = 15) -> None:
     buf = io.StringIO()
     pstats.Stats(str(path), stream=buf).sort_stats("tottime").print_stats(top)
     text = re.sub(r"\n{3,}", "\n\n", buf.getvalue())
-    print(f"\ncProfile of pg2sink, top {top} by tottime ({path}):\n{text.strip()}")
+    print(f"\ncProfile of pg2sink run 1, top {top} by tottime ({path}):\n{text.strip()}")
 
 
 # --- main --------------------------------------------------------------------
@@ -725,21 +892,35 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--small-txns", type=int, help=f"single-row transactions (default {FULL_SMALL_TXNS:,})"
     )
-    p.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON")
     p.add_argument(
-        "--timeout", type=float, default=1800.0, help="seconds allowed per consumer (default 1800)"
+        "--repeat",
+        type=int,
+        default=DEFAULT_REPEAT,
+        metavar="N",
+        help="runs of each consumer, alternating, each on its own slot; the ratio "
+        f"compares medians (default {DEFAULT_REPEAT})",
+    )
+    p.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write every run's figures as JSON"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        help="seconds allowed per consumer run (default 1800)",
     )
     p.add_argument(
         "--cprofile",
         type=Path,
         metavar="PATH",
-        help="run pg2sink under cProfile, write its stats to PATH and print the top 15 "
-        "functions by tottime (slows pg2sink down)",
+        help="profile only the first pg2sink run under cProfile: write its stats to PATH "
+        "and print the top 15 functions by tottime (that run is slowed down and still "
+        "counts in the medians)",
     )
     p.add_argument(
         "--keep",
         action="store_true",
-        help="keep the temporary directory with both outputs (the server is removed)",
+        help="keep the temporary directory with every run's output (the server is removed)",
     )
     return p.parse_args(argv)
 
@@ -747,6 +928,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def sizes_from(args: argparse.Namespace) -> Sizes:
     if args.scale <= 0:
         raise BenchError("--scale must be positive")
+    if args.repeat < 1:
+        raise BenchError("--repeat must be at least 1")
 
     def scaled(explicit: int | None, full: int) -> int:
         return explicit if explicit is not None else max(1, round(full * args.scale))
@@ -776,18 +959,34 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         dsn = server.dsn()
         with psycopg.connect(dsn, autocommit=True) as conn:
             info = machine_info(conn, recvlogical)
-            setup_schema(conn)
+            setup_schema(conn, args.repeat)
             print(
                 f"workload: {sizes.insert_rows:,}-row INSERT, {sizes.update_rows:,}-row UPDATE, "
                 f"{sizes.small_txns:,} single-row transactions ...",
                 flush=True,
             )
             workload = run_workload(conn, sizes)
-            print(f"pg_recvlogical to {workload.end_lsn} ...", flush=True)
-            recv = run_recvlogical(recvlogical, dsn, workload, tmp, args.timeout, conn)
-            print(f"pg2sink to {workload.end_lsn} ...", flush=True)
-            sink = run_pg2sink(dsn, workload, tmp, args.timeout, conn, args.cprofile)
-        figures = report(workload, recv, sink, info, profiled=args.cprofile is not None)
+            recvs: list[Consumer] = []
+            sinks: list[Consumer] = []
+            for run in range(1, args.repeat + 1):
+                step = f"run {run}/{args.repeat}"
+                try:
+                    print(f"{step}: pg_recvlogical to {workload.end_lsn} ...", flush=True)
+                    recv = run_recvlogical(recvlogical, dsn, run, workload, tmp, args.timeout, conn)
+                    drop_slot(conn, recv.slot)
+                    print(f"{step}: pg2sink to {workload.end_lsn} ...", flush=True)
+                    profile = args.cprofile if run == 1 else None
+                    sink = run_pg2sink(dsn, run, workload, tmp, args.timeout, conn, profile)
+                    drop_slot(conn, sink.slot)
+                except BenchError as e:
+                    raise BenchError(f"{step}: {e}") from e
+                print(
+                    f"{step}: pg_recvlogical {recv.seconds:.2f}s, pg2sink {sink.seconds:.2f}s",
+                    flush=True,
+                )
+                recvs.append(recv)
+                sinks.append(sink)
+        figures = report(workload, recvs, sinks, info, profiled=args.cprofile is not None)
         if args.cprofile is not None:
             print_profile(args.cprofile)
         return figures

@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         g,
         "--flush-interval",
-        default="200ms",
+        default="100ms",
         type=_duration,
         help="how often the sink is flushed durably and the flushed LSN confirmed",
         metavar="DURATION",

@@ -123,7 +123,7 @@ class StreamConfig:
     """Seconds between standby status updates to the server (at most)."""
     publication_poll_interval: float = 10.0
     """Seconds between publication membership reconciliations."""
-    flush_interval: float = 0.2
+    flush_interval: float = 0.1
     """Seconds between durable sink flushes (each flush may confirm an LSN)."""
     retry_initial: bool = False
     """Wait and retry while the slot is busy or the server unreachable at start."""

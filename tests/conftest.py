@@ -81,7 +81,9 @@ class Database:
 
     def current_lsn(self) -> int:
         with psycopg.connect(self.dsn, autocommit=True) as c:
-            row = c.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()
+            # insert, not write, position: with synchronous_commit=off the write
+            # position can lag behind the last commit
+            row = c.execute("SELECT pg_current_wal_insert_lsn() - '0/0'").fetchone()
         assert row is not None
         return int(row[0])
 

@@ -20,7 +20,16 @@ from pg2sink.changelog.records import Modification, Operation, Record, Schema
 from pg2sink.changelog.rows import RowDecoder
 from pg2sink.changelog.typemap import RowColumn, ValueCodec, avro_row_schema, codec_for
 from pg2sink.errors import DecodeError
-from pg2sink.logical.decoder import MessageTag, decode
+from pg2sink.logical.decoder import decode
+from pg2sink.logical.fastpath import (
+    INSERT_TAG,
+    RELATION_ID,
+    UPDATE_TAG,
+    RowReader,
+    begin_fields,
+    commit_end_lsn,
+    compile_row_reader,
+)
 from pg2sink.logical.lsn import pg_timestamp_to_datetime
 from pg2sink.logical.messages import (
     UNCHANGED_TOAST,
@@ -37,11 +46,11 @@ from pg2sink.logical.messages import (
     Type,
     Update,
 )
-from pg2sink.logical.rowreader import RowReader, compile_row_reader, new_row_offset
 
 log = logging.getLogger(__name__)
 
-_INSERT_TAG = int(MessageTag.INSERT)
+relation_id = RELATION_ID.unpack_from
+_NEW_ROW_TAGS = frozenset((INSERT_TAG, UPDATE_TAG))
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -58,7 +67,7 @@ class RelationState:
     """Positions of the replica-identity key columns (for 'K' old tuples)."""
     decoder: RowDecoder
     read_new: RowReader
-    """Fused bytes → dict reader for new rows (logical.rowreader), same converters."""
+    """Fused bytes → dict reader for new rows (logical.fastpath), same converters."""
     schema: dict[str, Any]
     primary_key: tuple[str, ...]
 
@@ -91,16 +100,16 @@ class ChangelogBuilder:
         """Process one raw pgoutput message whose XLogData started at `lsn`.
 
         Returns the transaction's end LSN when the message was a Commit (a point the
-        stream may checkpoint), else 0. Inserts and Updates without an old tuple take
-        the fused reader (logical.rowreader); everything else, and anything the reader
-        declines, goes through decode() and handle().
+        stream may checkpoint), else 0. Begin, Commit, Inserts and Updates without an old
+        tuple take the fast paths of logical.fastpath; everything else, and anything a
+        fast path declines, goes through decode() and handle().
         """
         data = payload if payload.__class__ is bytes else bytes(payload)
-        found = new_row_offset(data)
-        if found is not None:
-            rel = self.relations.get(found[0])
+        tag = data[0] if data else 0  # an empty message fails in decode() below
+        if tag in _NEW_ROW_TAGS and len(data) > 6:
+            rel = self.relations.get(relation_id(data, 1)[0])
             if rel is not None:
-                after = rel.read_new(data, found[1])
+                after = rel.read_new(data)
                 if after is not None:
                     self.emit(
                         Modification(
@@ -108,7 +117,7 @@ class ChangelogBuilder:
                             self.sequence,
                             lsn,
                             self.xid,
-                            Operation.INSERT if data[0] == _INSERT_TAG else Operation.UPDATE,
+                            Operation.INSERT if tag == INSERT_TAG else Operation.UPDATE,
                             rel.namespace,
                             rel.name,
                             None,
@@ -117,6 +126,15 @@ class ChangelogBuilder:
                     )
                     self.sequence += 1
                     return 0
+        else:
+            begin = begin_fields(data)
+            if begin is not None:
+                self._begin(lsn, begin[1], begin[2])
+                return 0
+            end_lsn = commit_end_lsn(data)
+            if end_lsn is not None:
+                self.in_transaction = False
+                return end_lsn
         msg = decode(data)
         self.handle(msg, lsn)
         if msg.__class__ is Commit:
@@ -135,11 +153,7 @@ class ChangelogBuilder:
             self._delete(msg, lsn)  # type: ignore[arg-type]
         elif cls is Begin:
             assert isinstance(msg, Begin)
-            self.xid = msg.xid
-            self.commit_time = pg_timestamp_to_datetime(msg.commit_time)
-            self.sequence = 0
-            self.in_transaction = True
-            self.begin_lsn = lsn
+            self._begin(lsn, msg.commit_time, msg.xid)
         elif cls is Commit:
             self.in_transaction = False
         elif cls is Relation:
@@ -155,6 +169,13 @@ class ChangelogBuilder:
             pass  # not published as records (yet); see README "Records"
         else:
             raise DecodeError(f"unexpected message {cls.__name__} in the change stream")
+
+    def _begin(self, lsn: int, commit_time: int, xid: int) -> None:
+        self.xid = xid
+        self.commit_time = pg_timestamp_to_datetime(commit_time)
+        self.sequence = 0
+        self.in_transaction = True
+        self.begin_lsn = lsn
 
     # -- relations -----------------------------------------------------------
 

@@ -46,7 +46,7 @@ import orjson
 
 from pg2sink.logical.messages import UnchangedToast
 
-__all__ = ["dumps", "dumps_line", "loads"]
+__all__ = ["LINE_OPTIONS", "default", "dumps", "dumps_line", "loads"]
 
 _UNCHANGED_TOAST_JSON = {"unchanged_toast": True}
 
@@ -73,7 +73,8 @@ _ENCODERS: dict[type, Callable[[Any], object]] = {
 }
 
 
-def _default(obj: Any) -> object:
+def default(obj: Any) -> object:
+    """orjson's fallback for the values above that it does not write natively."""
     encoder = _ENCODERS.get(type(obj))
     if encoder is not None:
         return encoder(obj)
@@ -84,17 +85,18 @@ def _default(obj: Any) -> object:
 
 
 _OPTIONS = orjson.OPT_UTC_Z
-_LINE_OPTIONS = orjson.OPT_UTC_Z | orjson.OPT_APPEND_NEWLINE
+#: orjson options of `dumps_line`, for callers that inline it on a hot path
+LINE_OPTIONS = orjson.OPT_UTC_Z | orjson.OPT_APPEND_NEWLINE
 
 
 def dumps(obj: object) -> bytes:
     """`obj` as one line of UTF-8 JSON (no trailing newline), as the table above says."""
-    return orjson.dumps(obj, default=_default, option=_OPTIONS)
+    return orjson.dumps(obj, default=default, option=_OPTIONS)
 
 
 def dumps_line(obj: object) -> bytes:
     """`dumps(obj)` followed by a newline, without a copy: one JSON-lines record."""
-    return orjson.dumps(obj, default=_default, option=_LINE_OPTIONS)
+    return orjson.dumps(obj, default=default, option=LINE_OPTIONS)
 
 
 def loads(data: bytes | str, *, exact_numbers: bool = False) -> Any:

@@ -16,7 +16,9 @@ import stat
 import sys
 from typing import BinaryIO
 
-from pg2sink.changelog.jsonenc import dumps_line
+import orjson
+
+from pg2sink.changelog.jsonenc import LINE_OPTIONS, default, dumps_line
 from pg2sink.changelog.records import Modification, Record, Schema
 from pg2sink.errors import SinkError
 
@@ -26,28 +28,35 @@ log = logging.getLogger(__name__)
 BUFFER_BYTES = 1 << 20
 
 
-def record_to_json(record: Record) -> bytes:
-    """One JSON line (with its newline) for a record; README "Records" documents the fields.
+def modification_line(r: Modification) -> bytes:
+    """The JSON line of a Modification: once per change, so orjson is called directly.
 
     A dict is built rather than letting orjson walk the dataclass: orjson writes a
     10-key dict in half the time of a slotted dataclass (0.46 vs 0.98 us, measured).
     """
+    return orjson.dumps(
+        {
+            "kind": "modification",
+            "timestamp": r.timestamp,
+            "sequence": r.sequence,
+            "lsn": r.lsn,
+            "xid": r.xid,
+            "operation": r.operation,
+            "namespace": r.namespace,
+            "name": r.name,
+            "before": r.before,
+            "after": r.after,
+        },
+        default=default,
+        option=LINE_OPTIONS,
+    )
+
+
+def record_to_json(record: Record) -> bytes:
+    """One JSON line (with its newline) for a record; README "Records" documents the fields."""
     if record.__class__ is Modification:
         assert isinstance(record, Modification)
-        return dumps_line(
-            {
-                "kind": "modification",
-                "timestamp": record.timestamp,
-                "sequence": record.sequence,
-                "lsn": record.lsn,
-                "xid": record.xid,
-                "operation": record.operation,
-                "namespace": record.namespace,
-                "name": record.name,
-                "before": record.before,
-                "after": record.after,
-            }
-        )
+        return modification_line(record)
     assert isinstance(record, Schema)
     return dumps_line(
         {
@@ -88,9 +97,14 @@ class FileSink:
         log.debug("file sink writing to %s", "stdout" if self.path == "-" else self.path)
 
     def write(self, record: Record) -> None:
-        assert self._out is not None, "open() the sink first"
+        out = self._out
+        if out is None:
+            raise SinkError("the file sink was not opened")
         try:
-            self._out.write(record_to_json(record))
+            if record.__class__ is Modification:
+                out.write(modification_line(record))
+            else:
+                out.write(record_to_json(record))
         except OSError as e:
             raise SinkError(f"cannot write to {self.path!r}: {e.strerror}") from None
 

@@ -128,9 +128,12 @@ class Streamer:
         self.clock = clock
         self.received_lsn = 0
         self.checkpointed_lsn = 0
+        #: the checkpoint the last flush covered
+        self.flushed_lsn = 0
         self.confirmed_lsn = 0
         self._reported_lsn = -1
         self._next_flush = 0.0
+        self._last_flush = 0.0
         self._next_status = 0.0
         self._next_poll = 0.0
         self.messages = 0
@@ -155,6 +158,15 @@ class Streamer:
             if nbytes <= 0:
                 if nbytes < 0:
                     stream.ended()
+                if (
+                    self.checkpointed_lsn > self.flushed_lsn
+                    and self.clock() >= self._last_flush + self.flush_interval / 10
+                ):
+                    # Caught up with the server: make what we have durable and
+                    # confirm it now rather than at the flush deadline, so a trickle
+                    # of changes is confirmed as it comes. At most ten such early
+                    # flushes per interval bound the fsync rate.
+                    self._flush()
                 self._housekeeping(self.clock())
                 idle_from = self.clock()
                 stream.wait(self._time_to_deadline(), (self.stop.fileno,))
@@ -216,6 +228,8 @@ class Streamer:
             self._next_poll = self.clock() + self.poll_interval
 
     def _flush(self) -> None:
+        self.flushed_lsn = self.checkpointed_lsn
+        self._last_flush = self.clock()
         acked = self.handler.flush()
         if acked is not None and acked > self.confirmed_lsn:
             self.confirmed_lsn = acked

@@ -278,16 +278,10 @@ def test_clean_stop_confirms_everything_written(
     conn = db.connect()
     conn.execute("CREATE TABLE t (id int primary key)")
     out = tmp_path / "out.jsonl"
-    # A long flush interval: only the final flush on SIGTERM can confirm.
+    # With a 1h flush interval nothing is flushed during the test (neither at the
+    # deadline nor early when caught up): only the final flush on SIGTERM can confirm.
     p = pg2sink_proc(
-        "--file-path",
-        str(out),
-        "--flush-interval",
-        "1h",
-        "--heartbeat-interval",
-        "1h",
-        "--log-level",
-        "debug",
+        "--file-path", str(out), "--flush-interval", "1h", "--heartbeat-interval", "1h"
     ).start()
     p.wait_streaming()
     before = db.slot_confirmed_lsn()
@@ -299,6 +293,28 @@ def test_clean_stop_confirms_everything_written(
     assert [m["after"] for m in modifications(out)] == [{"id": 1}]
     confirmed = db.slot_confirmed_lsn()
     assert confirmed is not None and confirmed >= lsn_after_commit
+
+
+def test_caught_up_stream_is_confirmed_before_the_flush_deadline(
+    db: Database, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE t (id int primary key)")
+    out = tmp_path / "out.jsonl"
+    # 20s interval: an early flush (at most every 2s) must confirm the insert long
+    # before the deadline, because pg2sink has caught up with the server.
+    p = pg2sink_proc("--file-path", str(out), "--flush-interval", "20s").start()
+    p.wait_streaming()
+    time_module.sleep(2.1)
+    conn.execute("INSERT INTO t VALUES (1)")
+    lsn_after_commit = db.current_lsn()
+    wait_for(
+        lambda: (db.slot_confirmed_lsn() or 0) >= lsn_after_commit,
+        timeout=10,
+        what="the insert to be confirmed early",
+    )
+    assert [m["after"] for m in modifications(out)] == [{"id": 1}]
+    p.stop()
 
 
 def test_decode_only_prints_messages_and_never_advances_the_slot(

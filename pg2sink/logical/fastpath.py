@@ -1,4 +1,13 @@
-"""Fused fast path: an Insert's or Update's new row, from bytes straight to a dict.
+"""Fast paths for the hottest pgoutput messages: Begin, Commit, and new rows.
+
+`decode` is general and builds a dataclass per message; these functions read the
+three messages that make up nearly all of a busy stream without it.
+
+Begin and Commit (once per transaction, which for small transactions is as often as
+a change): `begin_fields` and `commit_end_lsn` unpack just the fields the changelog
+needs.
+
+New rows (an Insert's or Update's new row), from bytes straight to a dict:
 
 `decoder.decode` builds a message dataclass holding a tuple of raw values, and the
 changelog then converts each value: two passes and two containers per row. For the
@@ -23,39 +32,67 @@ from typing import Final
 from pg2sink.logical.decoder import MessageTag, TupleKind, TupleMarker
 from pg2sink.logical.messages import UNCHANGED_TOAST
 
-__all__ = ["RowReader", "compile_row_reader", "new_row_offset"]
+__all__ = [
+    "INSERT_TAG",
+    "RELATION_ID",
+    "UPDATE_TAG",
+    "RowReader",
+    "begin_fields",
+    "commit_end_lsn",
+    "compile_row_reader",
+]
 
-#: (data, offset of the TupleData) -> {column: converted value}, or None: use the
-#: general path.
-RowReader = Callable[[bytes, int], "dict[str, object] | None"]
+#: (an Insert or Update message) -> {column: converted value} of its new row, or None:
+#: use the general path (also for an Update that carries an old tuple).
+RowReader = Callable[[bytes], "dict[str, object] | None"]
 
-_REL_MARK: Final = struct.Struct(">IB")
+_BEGIN_FIELDS: Final = struct.Struct(">BQqI")  # tag, final LSN, commit time, xid
+_COMMIT_FIELDS: Final = struct.Struct(">BBQQq")  # tag, flags, commit LSN, end LSN, time
+_BEGIN: Final = int(MessageTag.BEGIN)
+_COMMIT: Final = int(MessageTag.COMMIT)
 _INSERT: Final = int(MessageTag.INSERT)
 _UPDATE: Final = int(MessageTag.UPDATE)
 _NEW: Final = int(TupleMarker.NEW)
 
 
-def new_row_offset(data: bytes) -> tuple[int, int] | None:
-    """(relation id, offset of the new TupleData) for an Insert, or an Update that
-    carries no old tuple; None for every other message (general path)."""
-    tag = data[0]
-    if (tag != _INSERT and tag != _UPDATE) or len(data) < 6:
+def begin_fields(data: bytes) -> tuple[int, int, int] | None:
+    """(final LSN, commit time, xid) of a Begin (layout in decoder.py), else None."""
+    if data[0] != _BEGIN or len(data) != _BEGIN_FIELDS.size:
         return None
-    relation_id, marker = _REL_MARK.unpack_from(data, 1)
-    if marker != _NEW:
-        return None  # an Update with a 'K' or 'O' old tuple
-    return relation_id, 1 + _REL_MARK.size
+    _, final_lsn, commit_time, xid = _BEGIN_FIELDS.unpack(data)
+    return final_lsn, commit_time, xid
+
+
+def commit_end_lsn(data: bytes) -> int | None:
+    """The end LSN of a Commit (layout in decoder.py), else None."""
+    if data[0] != _COMMIT or len(data) != _COMMIT_FIELDS.size:
+        return None
+    end_lsn: int = _COMMIT_FIELDS.unpack(data)[3]
+    return end_lsn
+
+
+#: unpack_from(data, 1)[0] is the relation id of an Insert, Update or Delete
+RELATION_ID: Final = struct.Struct(">I")
+INSERT_TAG: Final = _INSERT
+UPDATE_TAG: Final = _UPDATE
 
 
 def compile_row_reader(
     names: Sequence[str], converters: Sequence[Callable[[bytes], object]]
 ) -> RowReader:
-    """A reader for TupleData of exactly len(names) columns; see the module docstring."""
+    """A reader for the new row of an Insert or Update of a relation with exactly
+    len(names) columns; see the module docstring. The caller has checked the tag and
+    looked the relation up by `RELATION_ID`."""
     count = len(names)
     env: dict[str, object] = {"_len": struct.Struct(">I").unpack_from, "_U": UNCHANGED_TOAST}
     lines = [
-        "def read(data, off):",
+        # Byte1 tag, Int32 relation id, then 'N' and the new TupleData (an Update with
+        # 'K' or 'O' here carries an old tuple first: general path)
+        "def read(data):",
         "    try:",
+        f"        if data[5] != {_NEW}:",
+        "            return None",
+        "        off = 6",
         f"        if data[off] != {count >> 8} or data[off + 1] != {count & 0xFF}:",
         "            return None",
         "        off += 2",
