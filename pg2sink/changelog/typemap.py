@@ -76,6 +76,7 @@ import orjson
 
 from pg2sink.catalog.types import PgType
 from pg2sink.changelog.arrays import parse_array
+from pg2sink.logical.fastpath import register_inline
 
 __all__ = [
     "PgText",
@@ -223,6 +224,29 @@ def _json_number(text: bytes) -> object:
     if text and text[-1] <= _LAST_DIGIT:
         return orjson.Fragment(text)
     return PgText(text.decode())
+
+
+def _decline() -> object:
+    raise ValueError("not the common case: let the full converter decide")
+
+
+# The same conversions written out for logical.fastpath's row readers, which then make
+# no call per value. Each gives the converter's result for the common case and raises
+# otherwise (the converter then runs and handles infinity, BC, NaN, ...).
+register_inline(
+    _json_number,
+    "_jn_fragment(v) if (v := {})[-1] < 58 else _jn_decline()",
+    _jn_fragment=orjson.Fragment,
+    _jn_decline=_decline,
+)
+register_inline(
+    _decode_timestamptz,
+    "_tz_fromiso(v.decode()) if (v := {})[-3:] == b'+00' else _tz_decline()",
+    _tz_fromiso=datetime.fromisoformat,
+    _tz_decline=_decline,
+)
+register_inline(_decode_timestamp, "_ts_fromiso({}.decode())", _ts_fromiso=datetime.fromisoformat)
+register_inline(_decode_date, "_d_fromiso({}.decode())", _d_fromiso=date.fromisoformat)
 
 
 def _json_bytea(text: bytes) -> object:

@@ -26,7 +26,8 @@ names and converters reach the generated code as bound constants, never as sourc
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from pg2sink.logical.decoder import MessageTag, TupleKind, TupleMarker
@@ -36,10 +37,12 @@ __all__ = [
     "INSERT_TAG",
     "RELATION_ID",
     "UPDATE_TAG",
+    "Inline",
     "RowReader",
     "begin_fields",
     "commit_end_lsn",
     "compile_row_reader",
+    "register_inline",
 ]
 
 #: (an Insert or Update message) -> {column: converted value} of its new row, or None:
@@ -77,6 +80,29 @@ INSERT_TAG: Final = _INSERT
 UPDATE_TAG: Final = _UPDATE
 
 
+@dataclass(frozen=True, slots=True)
+class Inline:
+    """A converter written out as an expression in the generated reader (no call).
+
+    `template` is a Python expression in which `{}` stands for the value's bytes; it
+    must give exactly what the converter gives for the common case and raise for
+    anything else (the reader then declines and the converter itself runs on the
+    general path). `names` are the globals the expression uses; prefix them so they
+    cannot clash with another converter's.
+    """
+
+    template: str
+    names: Mapping[str, object]
+
+
+_INLINE: dict[Callable[[bytes], object], Inline] = {}
+
+
+def register_inline(converter: Callable[[bytes], object], template: str, **names: object) -> None:
+    """Let readers inline `converter` as `template` (see Inline)."""
+    _INLINE[converter] = Inline(template, names)
+
+
 def compile_row_reader(
     names: Sequence[str], converters: Sequence[Callable[[bytes], object]]
 ) -> RowReader:
@@ -100,12 +126,18 @@ def compile_row_reader(
     text, null, unchanged = int(TupleKind.TEXT), int(TupleKind.NULL), int(TupleKind.UNCHANGED_TOAST)
     for i, (name, convert) in enumerate(zip(names, converters, strict=True)):
         env[f"n{i}"] = name
-        env[f"c{i}"] = convert
+        inline = _INLINE.get(convert)
+        if inline is not None:
+            env.update(inline.names)
+            expression = inline.template.format("data[off + 5:end]")
+        else:
+            env[f"c{i}"] = convert
+            expression = f"c{i}(data[off + 5:end])"
         lines += [
             "        k = data[off]",
             f"        if k == {text}:",
             "            end = off + 5 + _len(data, off + 1)[0]",
-            f"            v{i} = c{i}(data[off + 5:end])",
+            f"            v{i} = {expression}",
             "            off = end",
             f"        elif k == {null}:",
             f"            v{i} = None",
