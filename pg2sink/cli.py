@@ -225,12 +225,6 @@ def _source_config(args: argparse.Namespace) -> SourceConfig:
 
 
 def _stream_config(args: argparse.Namespace) -> StreamConfig:
-    for name in ("heartbeat_interval", "publication_poll_interval", "flush_interval"):
-        value = getattr(args, name)
-        if isinstance(value, str):  # came from the environment, not yet parsed
-            setattr(args, name, parse_duration(value))
-    if isinstance(args.retry_interval, str):
-        args.retry_interval = parse_duration(args.retry_interval)
     return StreamConfig(
         source=_source_config(args),
         sink=args.sink,
@@ -267,9 +261,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         run_stream(_stream_config(args))
         return 0
-    except ValueError as e:  # a duration from the environment
-        print(f"pg2sink: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
     except Pg2SinkError as e:
         print(f"pg2sink: error: {e}", file=sys.stderr)
         return EXIT_USAGE

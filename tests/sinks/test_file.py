@@ -1,0 +1,82 @@
+"""The file sink on a real file: JSON lines, checkpoints, durability."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from pg2sink.changelog.records import Modification, Operation, Schema
+from pg2sink.errors import SinkError
+from pg2sink.logical.messages import UNCHANGED_TOAST
+from pg2sink.sinks.file import FileSink
+
+T = datetime(2026, 11, 21, 2, 40, 21, 811015, tzinfo=UTC)
+SCHEMA = Schema(T, 100, "public", "t", {"type": "record", "name": "value", "fields": []})
+
+
+def modification(seq: int, after: dict[str, object]) -> Modification:
+    return Modification(T, seq, 200 + seq, 7, Operation.INSERT, "public", "t", None, after)
+
+
+def test_lines_and_checkpoints(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    sink = FileSink(str(path))
+    sink.open()
+    assert sink.acknowledged() is None
+    sink.write(SCHEMA)
+    sink.write(modification(0, {"id": 1, "n": Decimal("1.50"), "big": UNCHANGED_TOAST}))
+    sink.checkpoint(300)
+    sink.write(modification(1, {"id": 2, "n": None, "big": "x"}))
+    # written after the checkpoint: a flush now acknowledges 300, nothing later
+    assert sink.flush() == 300
+    assert sink.acknowledged() == 300
+    sink.checkpoint(400)
+    sink.close()
+    assert sink.acknowledged() == 400  # close() flushes
+    lines = [json.loads(line, parse_float=Decimal) for line in path.read_text().splitlines()]
+    assert [line["kind"] for line in lines] == ["schema", "modification", "modification"]
+    assert lines[0] == {
+        "kind": "schema",
+        "timestamp": "2026-11-21T02:40:21.811015Z",
+        "lsn": 100,
+        "namespace": "public",
+        "name": "t",
+        "schema": {"type": "record", "name": "value", "fields": []},
+    }
+    assert lines[1] == {
+        "kind": "modification",
+        "timestamp": "2026-11-21T02:40:21.811015Z",
+        "sequence": 0,
+        "lsn": 200,
+        "xid": 7,
+        "operation": "INSERT",
+        "namespace": "public",
+        "name": "t",
+        "before": None,
+        "after": {"id": 1, "n": Decimal("1.50"), "big": {"unchanged_toast": True}},
+    }
+
+
+def test_appends_to_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    path.write_text('{"kind":"old"}\n')
+    sink = FileSink(str(path))
+    sink.open()
+    sink.write(SCHEMA)
+    sink.close()
+    assert path.read_text().splitlines()[0] == '{"kind":"old"}'
+    assert len(path.read_text().splitlines()) == 2
+
+
+def test_unwritable_path_is_a_sink_error(tmp_path: Path) -> None:
+    with pytest.raises(SinkError, match="cannot open --file-path"):
+        FileSink(str(tmp_path / "no" / "such" / "dir" / "out.jsonl")).open()
+
+
+def test_write_before_open_is_a_sink_error() -> None:
+    with pytest.raises(SinkError, match="not opened"):
+        FileSink("-").write(SCHEMA)
