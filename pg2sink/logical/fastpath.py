@@ -20,7 +20,8 @@ The reader is an optimisation only, never the authority: it returns None for
 anything it does not handle exactly (another column count, a binary value, trailing
 bytes, a value its converter rejects) and the caller then takes the general path,
 which decodes the same bytes again and raises the precise DecodeError. Still no I/O;
-names and converters reach the generated code as bound constants, never as source.
+converters reach the generated code as bound globals, and column names as repr()
+literals, so no identifier can change what the code does.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def compile_row_reader(
     len(names) columns; see the module docstring. The caller has checked the tag and
     looked the relation up by `RELATION_ID`."""
     count = len(names)
+    if len(converters) != count:
+        raise ValueError(f"{count} column names but {len(converters)} converters")
     env: dict[str, object] = {"_len": struct.Struct(">I").unpack_from, "_U": UNCHANGED_TOAST}
     lines = [
         # Byte1 tag, Int32 relation id, then 'N' and the new TupleData (an Update with
@@ -124,21 +127,20 @@ def compile_row_reader(
         "        off += 2",
     ]
     text, null, unchanged = int(TupleKind.TEXT), int(TupleKind.NULL), int(TupleKind.UNCHANGED_TOAST)
-    for i, (name, convert) in enumerate(zip(names, converters, strict=True)):
-        env[f"n{i}"] = name
+    for i, convert in enumerate(converters):
         inline = _INLINE.get(convert)
         if inline is not None:
             env.update(inline.names)
-            expression = inline.template.format("data[off + 5:end]")
+            expression = inline.template.format("data[s:off]")
         else:
             env[f"c{i}"] = convert
-            expression = f"c{i}(data[off + 5:end])"
+            expression = f"c{i}(data[s:off])"
         lines += [
             "        k = data[off]",
             f"        if k == {text}:",
-            "            end = off + 5 + _len(data, off + 1)[0]",
+            "            s = off + 5",
+            "            off = s + _len(data, off + 1)[0]",
             f"            v{i} = {expression}",
-            "            off = end",
             f"        elif k == {null}:",
             f"            v{i} = None",
             "            off += 1",
@@ -148,7 +150,9 @@ def compile_row_reader(
             "        else:",
             "            return None",
         ]
-    items = ", ".join(f"n{i}: v{i}" for i in range(count))
+    # Column names as literals (LOAD_CONST beats a global lookup); repr() of a str is
+    # always a well-formed literal, whatever the identifier contains.
+    items = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names))
     lines += [
         # a short buffer makes the last slice short instead of failing: check the end
         "        if off != len(data):",

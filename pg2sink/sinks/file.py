@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 import orjson
 
-from pg2sink.changelog.jsonenc import LINE_OPTIONS, default, dumps_line
+from pg2sink.changelog.jsonenc import LINE_OPTIONS, default, dumps, dumps_line
 from pg2sink.changelog.records import Modification, Record, Schema
 from pg2sink.errors import SinkError
 
@@ -28,36 +28,8 @@ log = logging.getLogger(__name__)
 BUFFER_BYTES = 1 << 20
 
 
-def modification_line(r: Modification) -> bytes:
-    """The JSON line of a Modification: once per change, so orjson is called directly.
-
-    A dict is built rather than letting orjson walk the dataclass: orjson writes a
-    10-key dict in half the time of a slotted dataclass (0.46 vs 0.98 us, measured).
-    """
-    return orjson.dumps(
-        {
-            "kind": "modification",
-            "timestamp": r.timestamp,
-            "sequence": r.sequence,
-            "lsn": r.lsn,
-            "xid": r.xid,
-            "operation": r.operation,
-            "namespace": r.namespace,
-            "name": r.name,
-            "before": r.before,
-            "after": r.after,
-        },
-        default=default,
-        option=LINE_OPTIONS,
-    )
-
-
-def record_to_json(record: Record) -> bytes:
-    """One JSON line (with its newline) for a record; README "Records" documents the fields."""
-    if record.__class__ is Modification:
-        assert isinstance(record, Modification)
-        return modification_line(record)
-    assert isinstance(record, Schema)
+def schema_line(record: Schema) -> bytes:
+    """The JSON line of a Schema record (README "Records")."""
     return dumps_line(
         {
             "kind": "schema",
@@ -81,6 +53,8 @@ class FileSink:
         self._fsync = False
         self._written_mark: int | None = None
         self._durable_mark: int | None = None
+        self._timestamp: object = None
+        self._timestamp_json = orjson.Fragment(b"null")
 
     def open(self) -> None:
         try:
@@ -102,11 +76,40 @@ class FileSink:
             raise SinkError("the file sink was not opened")
         try:
             if record.__class__ is Modification:
-                out.write(modification_line(record))
+                out.write(self._modification_line(record))
             else:
-                out.write(record_to_json(record))
+                assert isinstance(record, Schema)
+                out.write(schema_line(record))
         except OSError as e:
             raise SinkError(f"cannot write to {self.path!r}: {e.strerror}") from None
+
+    def _modification_line(self, r: Modification) -> bytes:
+        """The JSON line of a Modification (README "Records"), once per change.
+
+        orjson is called directly on a dict: it writes a 10-key dict in half the time
+        of a slotted dataclass (0.46 vs 0.98 us, measured). The commit time is the
+        same for every change of a transaction, so it is formatted once per
+        transaction and reused as a raw fragment (2% of the per-change cost).
+        """
+        if r.timestamp is not self._timestamp:
+            self._timestamp = r.timestamp
+            self._timestamp_json = orjson.Fragment(dumps(r.timestamp))
+        return orjson.dumps(
+            {
+                "kind": "modification",
+                "timestamp": self._timestamp_json,
+                "sequence": r.sequence,
+                "lsn": r.lsn,
+                "xid": r.xid,
+                "operation": r.operation,
+                "namespace": r.namespace,
+                "name": r.name,
+                "before": r.before,
+                "after": r.after,
+            },
+            default=default,
+            option=LINE_OPTIONS,
+        )
 
     def checkpoint(self, lsn: int) -> None:
         self._written_mark = lsn

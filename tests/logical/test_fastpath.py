@@ -144,3 +144,13 @@ def test_inline_timestamptz_is_utc() -> None:
     assert fastpath.compile_row_reader(["d"], [typemap._decode_date])(
         b"I\x00\x00\x00\x01N\x00\x01t\x00\x00\x00\x0a2024-02-29"
     ) == {"d": date(2024, 2, 29)}
+
+
+@pytest.mark.parametrize(
+    "name",
+    ['a"b', "it's", "new\nline", "back\\slash", "x'}; import os #", "日本語", ""],
+)
+def test_any_column_name_is_a_safe_literal(name: str) -> None:
+    data = b"I\x00\x00\x00\x01N\x00\x02t\x00\x00\x00\x011t\x00\x00\x00\x012"
+    row = fastpath.compile_row_reader([name, "other"], [int, int])(data)
+    assert row == {name: 1, "other": 2}
