@@ -3,33 +3,66 @@
 
 `make services` runs `python scripts/services.py start`, which starts the
 servers on loopback with free ports and writes their addresses to a
-shell-sourceable `.services/env`; `make services-stop` stops them. The test
-suite imports this module to start a throwaway PostgreSQL of its own.
+shell-sourceable `.services/env`; `make services-stop` stops them. Both take
+service names (`start kafka registry`; none means all). The test suite
+imports this module to start throwaway servers of its own.
 
 Only the standard library is used so the script runs before the virtualenv
 exists. PostgreSQL comes from Debian's packages (installed by `make setup`);
 initdb refuses to run as root, so as root the server runs as the `postgres`
 system user that the Debian package creates.
+
+Kafka and the schema registry are Java programs fetched from Maven Central
+once into a cache outside the repository (`~/.cache/pg2sink-services`, or
+$PG2SINK_SERVICES_CACHE): Kafka's jars are resolved by Maven from
+scripts/kafka/pom.xml and run as a single KRaft node (broker and controller
+in one process); the registry is Apicurio Registry's Quarkus distribution,
+whose Confluent-compatible API is at /apis/ccompat/v7. They need `java` (17+)
+and, for the first Kafka start, `mvn`.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
+import fcntl
 import glob
+import hashlib
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+import urllib.error
+import urllib.request
+import uuid
+import zipfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Protocol
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO / ".services"
+CACHE_DIR = Path(
+    os.environ.get("PG2SINK_SERVICES_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pg2sink-services"
+)
+# Where the registry's zip comes from (Maven itself follows ~/.m2/settings.xml).
+MAVEN_CENTRAL = os.environ.get("MAVEN_CENTRAL_URL") or "https://repo.maven.apache.org/maven2"
+# The Kafka version (and its log4j binding) is pinned in this pom; the cache
+# key is the pom's hash, so editing it re-resolves the jars.
+KAFKA_POM = REPO / "scripts" / "kafka" / "pom.xml"
+# Apicurio Registry 3.0.x is the newest line on Maven Central that runs on
+# Java 17 (3.3.x is compiled for Java 21). Its parent pom is missing from
+# Central, so Maven refuses to resolve the zip; it is fetched directly and
+# checked against Central's SHA-1.
+APICURIO_VERSION = "3.0.9"
 
 # Settings every pg2sink test server needs: logical decoding, room for many
 # slots (each test uses its own), and loopback only. fsync is off because
@@ -61,6 +94,17 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free loopback ports (all held open until all are chosen)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(n):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 def postgres_bindir() -> Path:
@@ -170,6 +214,13 @@ class Postgres:
             )
         return self
 
+    def running(self) -> bool:
+        return (self.data / "postmaster.pid").exists() and _port_open(self.port)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
     def stop(self, mode: str = "fast") -> None:
         if (self.data / "postmaster.pid").exists():
             self._pg_ctl("-m", mode, "-w", "stop")
@@ -177,6 +228,462 @@ class Postgres:
     def destroy(self) -> None:
         self.stop("immediate")
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+# --- Java services: Kafka and the schema registry -------------------------
+
+# Processes this interpreter started, kept so they can be reaped (and so that
+# Popen does not warn about a still-running child when an object goes away).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _java(service: str) -> str:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise ServiceError(
+            f"{service}: `java` not found; install a Java 17+ runtime "
+            "(Debian: openjdk-17-jre-headless, `make setup`)"
+        )
+    return found
+
+
+@contextlib.contextmanager
+def _cache_lock(name: str) -> Iterator[None]:
+    """Serialise downloads into the cache between processes (tests, `make services`)."""
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / f".{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def kafka_libs() -> Path:
+    """The directory of Kafka's jars, resolved by Maven from scripts/kafka/pom.xml once."""
+    key = hashlib.sha256(KAFKA_POM.read_bytes()).hexdigest()[:12]
+    dest = CACHE_DIR / f"kafka-{key}"
+    libs = dest / "libs"
+    if (dest / ".complete").exists():
+        return libs
+    with _cache_lock("kafka"):
+        if (dest / ".complete").exists():
+            return libs
+        mvn = shutil.which("mvn")
+        if not mvn:
+            raise ServiceError(
+                "kafka: `mvn` not found; it fetches Kafka's jars from Maven Central on the "
+                "first start (Debian: maven, `make setup`)"
+            )
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        _say(f"kafka: resolving jars with Maven from {KAFKA_POM} into {dest} (first run only)")
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(KAFKA_POM),
+            f"-Dmaven.repo.local={CACHE_DIR / 'm2'}",
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={dest / 'libs.tmp'}",
+        ]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode != 0 or not list((dest / "libs.tmp").glob("kafka_2.13-*.jar")):
+            out = "\n".join((res.stdout + res.stderr).splitlines()[-30:])
+            raise ServiceError(f"kafka: Maven could not resolve Kafka's jars:\n{out}")
+        (dest / "libs.tmp").rename(libs)
+        (dest / ".complete").touch()
+    return libs
+
+
+def _download(url: str, dest: Path) -> None:
+    """Fetch `url` into `dest`, checked against the repository's .sha1 file."""
+    try:
+        with urllib.request.urlopen(url + ".sha1", timeout=60) as r:
+            want = r.read().decode().split()[0].strip().lower()
+        sha1 = hashlib.sha1()
+        with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
+            while chunk := r.read(1 << 20):
+                sha1.update(chunk)
+                f.write(chunk)
+    except (urllib.error.URLError, OSError) as e:
+        raise ServiceError(f"registry: download of {url} failed: {e}") from e
+    if sha1.hexdigest() != want:
+        raise ServiceError(f"registry: {url} has SHA-1 {sha1.hexdigest()}, Central says {want}")
+
+
+def registry_dist() -> Path:
+    """Apicurio Registry's unpacked distribution (io.apicurio:apicurio-registry-app:zip:all)."""
+    dest = CACHE_DIR / f"apicurio-registry-{APICURIO_VERSION}"
+    if (dest / ".complete").exists():
+        return dest
+    with _cache_lock("registry"):
+        if (dest / ".complete").exists():
+            return dest
+        shutil.rmtree(dest, ignore_errors=True)
+        v = APICURIO_VERSION
+        url = f"{MAVEN_CENTRAL.rstrip('/')}/io/apicurio/apicurio-registry-app/{v}"
+        url += f"/apicurio-registry-app-{v}-all.zip"
+        _say(f"registry: downloading {url} into {dest} (first run only)")
+        with tempfile.TemporaryDirectory(dir=CACHE_DIR) as tmp:
+            archive = Path(tmp) / "dist.zip"
+            _download(url, archive)
+            with zipfile.ZipFile(archive) as z:
+                z.extractall(Path(tmp) / "dist")
+            (Path(tmp) / "dist").rename(dest)
+        (dest / ".complete").touch()
+    return dest
+
+
+def _registry_jar(dist: Path) -> Path:
+    # Quarkus "fast-jar" layout (quarkus-run.jar) or "legacy-jar" (*-runner.jar).
+    for pattern in ("quarkus-run.jar", "*-runner.jar"):
+        found = sorted(dist.glob(pattern))
+        if found:
+            return found[0]
+    raise ServiceError(f"registry: no quarkus-run.jar or *-runner.jar in {dist}")
+
+
+def _pid_alive(pid: int) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        return child.poll() is None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def _write_properties(path: Path, values: Mapping[str, str]) -> None:
+    path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+
+
+@dataclass
+class JavaService:
+    """A JVM server in `base` with `<name>.log` and `<name>.pid` there."""
+
+    name: ClassVar[str] = "java"
+    ready_timeout: ClassVar[float] = 180.0
+    stop_timeout: ClassVar[float] = 30.0
+
+    base: Path
+
+    @property
+    def log(self) -> Path:
+        return self.base / f"{self.name}.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.base / f"{self.name}.pid"
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    def ports(self) -> list[int]:
+        raise NotImplementedError
+
+    def _pid_from_file(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def pid(self) -> int | None:
+        """The server's pid when it runs (checked against /proc, not only the pid file)."""
+        pid = self._pid_from_file()
+        if pid is None:
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        # The command line names files under `base`: a reused pid is not ours.
+        if os.fsencode(f"{self.base}{os.sep}") not in cmdline or not _pid_alive(pid):
+            return None
+        return pid
+
+    def running(self) -> bool:
+        return self.pid() is not None and all(_port_open(p) for p in self.ports())
+
+    def _stop_stale(self) -> None:
+        """Stop a process of ours that is alive but not serving (hung or half started)."""
+        pid = self.pid()
+        if pid is not None:
+            _say(f"{self.name}: pid {pid} is alive but not serving; stopping it")
+            self.stop(timeout=10)
+
+    def _spawn(self, cmd: Sequence[str], ready: Callable[[], bool]) -> None:
+        """Start `cmd` in the background, logging to `self.log`; wait until `ready()`."""
+        with open(self.log, "ab") as log:
+            log.write(f"=== {time.strftime('%F %T')} services.py: {shlex.join(cmd)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                list(cmd),
+                cwd=self.base,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # not killed with the terminal of `make services`
+            )
+        _CHILDREN[proc.pid] = proc
+        self.pid_file.write_text(f"{proc.pid}\n")
+        deadline = time.monotonic() + self.ready_timeout
+        try:
+            while not ready():
+                if proc.poll() is not None:
+                    raise ServiceError(
+                        f"{self.name}: exited with status {proc.returncode} while starting\n"
+                        f"--- tail of {self.log} ---\n{_tail(self.log, 40)}"
+                    )
+                if time.monotonic() > deadline:
+                    raise ServiceError(
+                        f"{self.name}: not ready after {self.ready_timeout:.0f}s\n"
+                        f"--- tail of {self.log} ---\n{_tail(self.log, 40)}"
+                    )
+                time.sleep(0.1)
+        except BaseException:
+            self.stop(timeout=10)
+            raise
+
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM, then SIGKILL when the server has not exited after `timeout` seconds."""
+        pid = self.pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + (self.stop_timeout if timeout is None else timeout)
+            while _pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                while _pid_alive(pid):
+                    time.sleep(0.05)
+        child = _CHILDREN.pop(self._pid_from_file() or -1, None)
+        if child is not None:
+            child.wait()
+        self.pid_file.unlink(missing_ok=True)
+
+    def destroy(self) -> None:
+        self.stop(timeout=5)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+KAFKA_LOG4J = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.target = SYSTEM_OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = out
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""
+
+
+@dataclass
+class Kafka(JavaService):
+    """A single-node Kafka (KRaft, broker and controller in one JVM) in `base`.
+
+    Clients connect to 127.0.0.1:`port`; the controller listens on
+    `controller_port`. Data lives in `base`/data and survives restarts.
+    """
+
+    name: ClassVar[str] = "kafka"
+    ready_timeout: ClassVar[float] = 120.0
+
+    port: int
+    controller_port: int
+    heap: str = "512m"
+    settings: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return self.bootstrap_servers
+
+    @property
+    def data(self) -> Path:
+        return self.base / "data"
+
+    def ports(self) -> list[int]:
+        return [self.port, self.controller_port]
+
+    def env(self) -> dict[str, str]:
+        return {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers}
+
+    def config(self) -> dict[str, str]:
+        """server.properties: one node, every internal topic with one replica."""
+        h = self.host
+        return {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{h}:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{h}:{self.port},CONTROLLER://{h}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{h}:{self.port}",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data),
+            "num.partitions": "1",
+            "default.replication.factor": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "auto.create.topics.enable": "true",
+            "group.initial.rebalance.delay.ms": "0",
+            **self.settings,
+        }
+
+    def _java_cmd(self, libs: Path, main: str, *args: str) -> list[str]:
+        return [
+            _java(self.name),
+            f"-Xmx{self.heap}",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.base / 'log4j2.properties'}",
+            "-cp",
+            f"{libs}/*",
+            main,
+            *args,
+        ]
+
+    def start(self) -> Kafka:
+        """Format the storage when new, then start and wait until the broker runs."""
+        if self.running():
+            return self
+        self._stop_stale()
+        libs = kafka_libs()
+        self.base.mkdir(parents=True, exist_ok=True)
+        props = self.base / "server.properties"
+        _write_properties(props, self.config())
+        (self.base / "log4j2.properties").write_text(KAFKA_LOG4J)
+        if not (self.data / "meta.properties").exists():
+            cluster_id = ""
+            while not cluster_id or cluster_id.startswith("-"):  # as Kafka's Uuid does
+                raw = base64.urlsafe_b64encode(uuid.uuid4().bytes)
+                cluster_id = raw.decode().rstrip("=")
+            cmd = self._java_cmd(
+                libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)
+            )
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if res.returncode != 0:
+                raise ServiceError(
+                    f"kafka: formatting {self.data} failed:\n{res.stdout}{res.stderr}"
+                )
+        offset = self.log.stat().st_size if self.log.exists() else 0
+
+        def ready() -> bool:
+            with open(self.log, "rb") as f:
+                f.seek(offset)
+                started = b"Kafka Server started" in f.read()
+            return started and _port_open(self.port)
+
+        self._spawn(self._java_cmd(libs, "kafka.Kafka", str(props)), ready)
+        return self
+
+
+@dataclass
+class SchemaRegistry(JavaService):
+    """Apicurio Registry on 127.0.0.1:`port`; `url` is its Confluent-compatible API.
+
+    Storage is an H2 database file in `base`/data, so schemas and their ids
+    survive restarts (as the Kafka topics that reference them do). Like
+    Confluent's registry it enforces BACKWARD compatibility unless told
+    otherwise (though GET /config answers NONE until a PUT /config), and
+    subjects and versions can be deleted.
+    """
+
+    name: ClassVar[str] = "registry"
+
+    port: int
+    heap: str = "512m"
+    settings: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/apis/ccompat/v7"
+
+    @property
+    def address(self) -> str:
+        return self.url
+
+    def ports(self) -> list[int]:
+        return [self.port]
+
+    def env(self) -> dict[str, str]:
+        return {"SCHEMA_REGISTRY_URL": self.url}
+
+    def config(self) -> dict[str, str]:
+        return {
+            "quarkus.http.host": self.host,
+            "quarkus.http.port": str(self.port),
+            "quarkus.http.access-log.enabled": "false",
+            "apicurio.storage.kind": "sql",
+            "apicurio.storage.sql.kind": "h2",
+            "apicurio.datasource.url": f"jdbc:h2:file:{self.base / 'data' / 'registry'}",
+            "apicurio.rules.global.compatibility": "BACKWARD",
+            "apicurio.rest.deletion.group.enabled": "true",
+            "apicurio.rest.deletion.artifact.enabled": "true",
+            "apicurio.rest.deletion.artifact-version.enabled": "true",
+            **self.settings,
+        }
+
+    def responds(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/subjects", timeout=2) as r:
+                return int(r.status) == 200
+        except urllib.error.HTTPError as e:
+            e.close()
+            return False
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def running(self) -> bool:
+        return super().running() and self.responds()
+
+    def start(self) -> SchemaRegistry:
+        """Start and wait until GET /apis/ccompat/v7/subjects answers 200."""
+        if self.running():
+            return self
+        self._stop_stale()
+        jar = _registry_jar(registry_dist())
+        (self.base / "data").mkdir(parents=True, exist_ok=True)
+        cmd = [
+            _java(self.name),
+            f"-Xmx{self.heap}",
+            "-XX:+ExitOnOutOfMemoryError",
+            # C1 only: starts in about half the time and memory; clients cache
+            # schemas, so the registry's peak speed does not matter here.
+            "-XX:TieredStopAtLevel=1",
+            *(f"-D{k}={v}" for k, v in self.config().items()),
+            "-jar",
+            str(jar),
+        ]
+        self._spawn(cmd, self.responds)
+        return self
 
 
 def write_env(path: Path, values: Mapping[str, str]) -> None:
@@ -198,12 +705,19 @@ def read_env(path: Path) -> dict[str, str]:
     return out
 
 
-def _postgres_in(directory: Path) -> Postgres:
-    port_file = directory / "postgres.port"
-    port = int(port_file.read_text()) if port_file.exists() else free_port()
-    port_file.parent.mkdir(parents=True, exist_ok=True)
-    port_file.write_text(str(port))
-    return Postgres(base=directory / "postgres", port=port)
+class Service(Protocol):
+    """What the CLI needs from a server class."""
+
+    @property
+    def address(self) -> str: ...
+
+    def running(self) -> bool: ...
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+    def env(self) -> dict[str, str]: ...
 
 
 def _port_open(port: int) -> bool:
@@ -212,42 +726,90 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def cmd_start(directory: Path) -> int:
-    pg = _postgres_in(directory)
-    if _port_open(pg.port) and (pg.data / "postmaster.pid").exists():
-        print(f"postgres: already running on {pg.host}:{pg.port}")
-    else:
-        t0 = time.monotonic()
-        try:
-            pg.start()
-        except ServiceError as e:
-            print(str(e), file=sys.stderr)
-            return 1
-        print(f"postgres: started on {pg.host}:{pg.port} in {time.monotonic() - t0:.1f}s")
+def _ports_in(directory: Path, name: str, n: int, fresh: bool) -> list[int]:
+    """Ports kept in `<directory>/<name>.port`; new ones when `fresh` or missing."""
+    port_file = directory / f"{name}.port"
+    ports = [int(p) for p in port_file.read_text().split()] if port_file.exists() else []
+    if fresh or len(ports) != n:
+        ports = free_ports(n)
+    directory.mkdir(parents=True, exist_ok=True)
+    port_file.write_text(" ".join(map(str, ports)))
+    return ports
+
+
+def _make(name: str, directory: Path, ports: list[int]) -> Service:
+    base = directory / name
+    if name == "postgres":
+        return Postgres(base=base, port=ports[0])
+    if name == "kafka":
+        return Kafka(base=base, port=ports[0], controller_port=ports[1])
+    return SchemaRegistry(base=base, port=ports[0])
+
+
+SERVICES: dict[str, int] = {"postgres": 1, "kafka": 2, "registry": 1}  # name -> ports
+
+
+def service_in(directory: Path, name: str, for_start: bool = False) -> Service:
+    """The `name` service of a state directory, on the ports it used last time.
+
+    For a start, ports another program took meanwhile are replaced by new ones.
+    """
+    n = SERVICES[name]
+    ports = _ports_in(directory, name, n, fresh=False)
+    svc = _make(name, directory, ports)
+    if for_start and not svc.running() and any(_port_open(p) for p in ports):
+        svc = _make(name, directory, _ports_in(directory, name, n, fresh=True))
+    return svc
+
+
+def cmd_start(directory: Path, names: Sequence[str]) -> int:
+    status = 0
     env_path = directory / "env"
     env = read_env(env_path)
-    env.update(pg.env())
+    for name in names:
+        svc = service_in(directory, name, for_start=True)
+        if svc.running():
+            print(f"{name}: already running on {svc.address}")
+        else:
+            t0 = time.monotonic()
+            try:
+                svc.start()
+            except ServiceError as e:
+                print(str(e), file=sys.stderr)
+                status = 1
+                continue
+            print(f"{name}: started on {svc.address} in {time.monotonic() - t0:.1f}s")
+        env.update(svc.env())
     write_env(env_path, env)
     print(f"wrote {env_path}")
-    return 0
+    return status
 
 
-def cmd_stop(directory: Path) -> int:
-    pg = _postgres_in(directory)
-    pg.stop()
-    print("postgres: stopped")
+def cmd_stop(directory: Path, names: Sequence[str]) -> int:
+    for name in reversed(names):
+        if not (directory / f"{name}.port").exists():
+            continue
+        service_in(directory, name).stop()
+        print(f"{name}: stopped")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["start", "stop", "env"])
+    parser.add_argument(
+        "names", nargs="*", metavar="service", help=f"{', '.join(SERVICES)} (default: all)"
+    )
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="state directory")
     args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in SERVICES]
+    if unknown:
+        parser.error(f"unknown service {', '.join(unknown)}; choose from {', '.join(SERVICES)}")
+    names = [n for n in SERVICES if n in args.names] if args.names else list(SERVICES)
     if args.command == "start":
-        return cmd_start(args.dir)
+        return cmd_start(args.dir, names)
     if args.command == "stop":
-        return cmd_stop(args.dir)
+        return cmd_stop(args.dir, names)
     sys.stdout.write((args.dir / "env").read_text() if (args.dir / "env").exists() else "")
     return 0
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system programs pg2sink's tests, demo and benchmarks run:
-# PostgreSQL server + client (initdb, pg_ctl, psql, pg_recvlogical) from
-# Debian's packages. Does nothing when they are already there.
+# PostgreSQL server + client (initdb, pg_ctl, psql, pg_recvlogical), Java and
+# Maven (for Kafka and the schema registry) from Debian's packages. Does
+# nothing when they are already there.
 set -euo pipefail
 
 SUDO=""
@@ -12,6 +13,10 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then need+=(postgresql
 if ! command -v pg_recvlogical >/dev/null 2>&1 || ! command -v psql >/dev/null 2>&1; then
   need+=(postgresql-client)
 fi
+# Kafka and the schema registry (scripts/services.py) run on the JVM; Maven
+# resolves Kafka's jars from Maven Central on first start.
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need+=(maven)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "setup: installing ${need[*]} from Debian's packages"
   export DEBIAN_FRONTEND=noninteractive
