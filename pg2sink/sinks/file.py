@@ -71,45 +71,45 @@ class FileSink:
         log.debug("file sink writing to %s", "stdout" if self.path == "-" else self.path)
 
     def write(self, record: Record) -> None:
+        """Encode one record as a JSON line and append it to the file's buffer.
+
+        The Modification line (README "Records") is built here, inline, because
+        this runs once per change: orjson gets a dict, which it writes in half the
+        time of a slotted dataclass (0.46 vs 0.98 us, measured), and the commit
+        time, the same for every change of a transaction, is formatted once per
+        transaction and reused as a raw fragment.
+        """
+        if record.__class__ is Modification:
+            r = record
+            if r.timestamp is not self._timestamp:
+                self._timestamp = r.timestamp
+                self._timestamp_json = orjson.Fragment(dumps(r.timestamp))
+            line = orjson.dumps(
+                {
+                    "kind": "modification",
+                    "timestamp": self._timestamp_json,
+                    "sequence": r.sequence,
+                    "lsn": r.lsn,
+                    "xid": r.xid,
+                    "operation": r.operation,
+                    "namespace": r.namespace,
+                    "name": r.name,
+                    "before": r.before,
+                    "after": r.after,
+                },
+                default=default,
+                option=LINE_OPTIONS,
+            )
+        else:
+            assert isinstance(record, Schema)
+            line = schema_line(record)
         out = self._out
         if out is None:
             raise SinkError("the file sink was not opened")
         try:
-            if record.__class__ is Modification:
-                out.write(self._modification_line(record))
-            else:
-                assert isinstance(record, Schema)
-                out.write(schema_line(record))
+            out.write(line)
         except OSError as e:
             raise SinkError(f"cannot write to {self.path!r}: {e.strerror}") from None
-
-    def _modification_line(self, r: Modification) -> bytes:
-        """The JSON line of a Modification (README "Records"), once per change.
-
-        orjson is called directly on a dict: it writes a 10-key dict in half the time
-        of a slotted dataclass (0.46 vs 0.98 us, measured). The commit time is the
-        same for every change of a transaction, so it is formatted once per
-        transaction and reused as a raw fragment (2% of the per-change cost).
-        """
-        if r.timestamp is not self._timestamp:
-            self._timestamp = r.timestamp
-            self._timestamp_json = orjson.Fragment(dumps(r.timestamp))
-        return orjson.dumps(
-            {
-                "kind": "modification",
-                "timestamp": self._timestamp_json,
-                "sequence": r.sequence,
-                "lsn": r.lsn,
-                "xid": r.xid,
-                "operation": r.operation,
-                "namespace": r.namespace,
-                "name": r.name,
-                "before": r.before,
-                "after": r.after,
-            },
-            default=default,
-            option=LINE_OPTIONS,
-        )
 
     def checkpoint(self, lsn: int) -> None:
         self._written_mark = lsn
