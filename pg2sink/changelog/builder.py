@@ -50,7 +50,7 @@ from pg2sink.logical.messages import (
 log = logging.getLogger(__name__)
 
 relation_id = RELATION_ID.unpack_from
-_NEW_ROW_TAGS = frozenset((INSERT_TAG, UPDATE_TAG))
+_NEW_ROW_OPERATIONS = {INSERT_TAG: Operation.INSERT, UPDATE_TAG: Operation.UPDATE}
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -106,7 +106,7 @@ class ChangelogBuilder:
         """
         data = payload if payload.__class__ is bytes else bytes(payload)
         tag = data[0] if data else 0  # an empty message fails in decode() below
-        if tag in _NEW_ROW_TAGS and len(data) > 6:
+        if tag in _NEW_ROW_OPERATIONS and len(data) > 6:
             rel = self.relations.get(relation_id(data, 1)[0])
             if rel is not None:
                 after = rel.read_new(data)
@@ -117,7 +117,7 @@ class ChangelogBuilder:
                             self.sequence,
                             lsn,
                             self.xid,
-                            Operation.INSERT if tag == INSERT_TAG else Operation.UPDATE,
+                            _NEW_ROW_OPERATIONS[tag],
                             rel.namespace,
                             rel.name,
                             None,

@@ -151,13 +151,16 @@ class Streamer:
         header_size = XLOG_DATA_HEADER.size
         countdown = _HOUSEKEEPING_EVERY
         get_copy_data = stream.pgconn.get_copy_data
-        while not self.stop.requested:
+        stop = self.stop
+        while True:
             # stream.read() inlined: get_copy_data(async) returns (0, _) when nothing is
             # buffered, a negative size when the stream ended.
             nbytes, buf = get_copy_data(1)
             if nbytes <= 0:
                 if nbytes < 0:
                     stream.ended()
+                if stop.requested:
+                    break
                 if (
                     self.checkpointed_lsn > self.flushed_lsn
                     and self.clock() >= self._last_flush + self.flush_interval / 10
@@ -169,31 +172,36 @@ class Streamer:
                     self._flush()
                 self._housekeeping(self.clock())
                 idle_from = self.clock()
-                stream.wait(self._time_to_deadline(), (self.stop.fileno,))
+                stream.wait(self._time_to_deadline(), (stop.fileno,))
                 self.idle_seconds += self.clock() - idle_from
-                self.stop.drain()
-                countdown = _HOUSEKEEPING_EVERY
+                stop.drain()
                 continue
+            countdown -= 1
             if buf[0] == _XLOG_DATA_TAG:
-                # Fast path, once per change: unpack the XLogData header in place.
-                _, data_start, wal_end, _ = unpack_header(buf)
-                if wal_end > self.received_lsn:
-                    self.received_lsn = wal_end
-                end_lsn = feed(buf[header_size:], data_start)
+                # Fast path, once per change: unpack the XLogData header in place. Its
+                # WAL end equals its data start in logical decoding, so the position
+                # the server has sent is tracked from commits and keepalives instead.
+                end_lsn = feed(buf[header_size:], unpack_header(buf)[1])
                 if end_lsn:
                     self._checkpoint(end_lsn)
             else:
                 msg = parse_copy_data(buf)
                 assert isinstance(msg, PrimaryKeepalive)
                 self._keepalive(msg)
-            self.messages += 1
-            countdown -= 1
             if countdown == 0:
+                # Every so many messages while data keeps coming: counters, deadlines
+                # and the stop flag (checked here rather than per message).
+                self.messages += _HOUSEKEEPING_EVERY
                 countdown = _HOUSEKEEPING_EVERY
+                if stop.requested:
+                    break
                 self._housekeeping(self.clock())
+        self.messages += _HOUSEKEEPING_EVERY - countdown
         self.shutdown()
 
     def _checkpoint(self, lsn: int) -> None:
+        if lsn > self.received_lsn:
+            self.received_lsn = lsn
         if lsn > self.checkpointed_lsn:
             self.checkpointed_lsn = lsn
             self.handler.checkpoint(lsn)
