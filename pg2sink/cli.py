@@ -178,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--flush-interval",
         default="100ms",
         type=_duration,
-        help="how often the sink is flushed durably and the flushed LSN confirmed",
+        help="longest time between durable sink flushes (each confirms the flushed LSN) "
+        "while changes keep coming; when pg2sink has caught up with the server it flushes "
+        "at once, at most ten times per interval",
         metavar="DURATION",
     )
     _add(
