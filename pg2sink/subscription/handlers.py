@@ -24,14 +24,13 @@ class ChangelogHandler:
     def __init__(self, catalog: CatalogLookup, sink: Sink) -> None:
         self.sink = sink
         self.builder = ChangelogBuilder(catalog, sink.write, json_values=sink.json_values)
+        # bound once: these run per change and per commit
         self.feed = self.builder.feed
+        self.checkpoint = sink.checkpoint
 
     @property
     def in_transaction(self) -> bool:
         return self.builder.in_transaction
-
-    def checkpoint(self, lsn: int) -> None:
-        self.sink.checkpoint(lsn)
 
     def flush(self) -> int | None:
         return self.sink.flush()
