@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system venv check test test-fast demo services services-stop bench-stream clean
+.PHONY: setup system venv check test test-fast demo services services-stop bench-stream dashboards clean
 
 setup: system venv
 
@@ -41,6 +41,10 @@ services-stop:
 
 bench-stream: setup
 	$(PY) bench/stream.py
+
+# Regenerates dashboards/pg2sink.json from dashboards/build.py (commit both).
+dashboards: venv
+	$(PY) dashboards/build.py
 
 clean:
 	rm -rf $(VENV) .services .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system programs pg2sink's tests, demo and benchmarks run:
 # PostgreSQL server + client (initdb, pg_ctl, psql, pg_recvlogical), Java and
-# Maven (for Kafka and the schema registry) from Debian's packages. Does
+# Maven (for Kafka and the schema registry), Prometheus and promtool (for the
+# observability tests) from Debian's packages. Does
 # nothing when they are already there.
 set -euo pipefail
 
@@ -17,6 +18,10 @@ fi
 # resolves Kafka's jars from Maven Central on first start.
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need+=(maven)
+# The observability tests run a real Prometheus and promtool (tests/observability).
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  need+=(prometheus)
+fi
 if [ "${#need[@]}" -gt 0 ]; then
   echo "setup: installing ${need[*]} from Debian's packages"
   export DEBIAN_FRONTEND=noninteractive

@@ -1,0 +1,281 @@
+"""The HTTP API on --metrics-address: /health, /status, /stats, /metrics.
+
+    GET /health   200 {"status": "ok"} while the process serves requests
+    GET /status   200 when the replication connection and the sink are healthy,
+                  500 otherwise; the JSON body names what is not and why
+    GET /stats    200, the StreamStats counters as JSON (schema in docs/observability.md)
+    GET /metrics  200, Prometheus text format (OpenMetrics when the scraper asks)
+
+A stdlib ThreadingHTTPServer in a daemon thread: requests never wait for the
+replication loop, and the loop never waits for a request. The listener binds
+to loopback unless told otherwise. Responses carry counters, LSNs, table names
+and health reasons, never configuration; reasons pass through `redact` as a
+second guard in case an error message quotes a secret.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from pg2sink import __version__
+from pg2sink.logical.lsn import format_lsn
+from pg2sink.observability.metrics import make_registry
+from pg2sink.observability.stats import StreamStats
+
+__all__ = ["DEFAULT_ADDRESS", "Server", "parse_address", "start_http_server", "stats_document"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADDRESS = "127.0.0.1:9525"
+
+_JSON = "application/json"
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """'HOST:PORT' → (host, port). IPv6 hosts go in brackets: '[::1]:9525'.
+
+    An empty host (':9525') means every IPv4 interface. Port 0 picks a free port.
+    """
+    text = address.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ValueError(
+            f"invalid metrics address {address!r}: expected HOST:PORT, e.g. {DEFAULT_ADDRESS}"
+        )
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(
+            f"invalid metrics address {address!r}: put an IPv6 host in brackets, e.g. [::1]:9525"
+        )
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(
+            f"invalid metrics address {address!r}: the port must be a number from 0 to 65535"
+        )
+    return host or "0.0.0.0", int(port_text)
+
+
+def stats_document(stats: StreamStats, now: float | None = None) -> dict[str, Any]:
+    """The JSON body of GET /stats (documented in docs/observability.md)."""
+    s = stats
+    now = s.clock() if now is None else now
+    tables: list[dict[str, Any]] = []
+    for (schema, table), ops in sorted(dict(s.tables).items()):
+        tables.append({"schema": schema, "table": table, **{k.lower(): v for k, v in ops.items()}})
+    imports = [
+        {
+            "schema": schema,
+            "table": table,
+            "state": p.state,
+            "rows_read": p.rows_read,
+            "rows_estimated": p.rows_estimated,
+        }
+        for (schema, table), p in sorted(dict(s.imports).items())
+    ]
+    return {
+        "version": __version__,
+        "uptime_seconds": round(now - s.started_at, 3),
+        "healthy": s.healthy,
+        "replication": {"connected": s.replication_connected, "reason": s.replication_reason},
+        "sink": {
+            "healthy": s.sink_healthy,
+            "reason": s.sink_reason,
+            "flushes": s.flush_seconds.count,
+            "flush_seconds_total": round(s.flush_seconds.sum, 6),
+            "flushed_records_total": int(s.flush_records.sum),
+            "raw_buffer_bytes": s.raw_buffer_bytes,
+        },
+        "lsn": {
+            "received": format_lsn(s.received_lsn),
+            "confirmed": format_lsn(s.confirmed_lsn),
+            "server": format_lsn(s.server_wal_lsn) if s.server_wal_lsn else None,
+            "slot_restart": format_lsn(s.slot_restart_lsn) if s.slot_restart_lsn else None,
+        },
+        "lag": {"bytes": s.lag_bytes(), "seconds": round(s.lag_seconds(now), 3)},
+        "last_ack_commit_time": (
+            s.last_ack_commit_time.isoformat() if s.last_ack_commit_time else None
+        ),
+        "wal_retained_bytes": s.wal_retained_bytes(),
+        "slot_active": s.slot_active,
+        "publication_tables": s.publication_tables,
+        "messages": dict(sorted(dict(s.messages).items())),
+        "changes": tables,
+        "heartbeats": s.heartbeats,
+        "errors": dict(sorted(dict(s.errors).items())),
+        "log_messages": dict(sorted(dict(s.log_messages).items())),
+        "imports": imports,
+    }
+
+
+def status_document(stats: StreamStats) -> tuple[bool, dict[str, Any]]:
+    """(healthy, JSON body of GET /status)."""
+    problems: dict[str, str] = {}
+    if not stats.replication_connected:
+        problems["replication"] = stats.replication_reason or "not connected"
+    if not stats.sink_healthy:
+        problems["sink"] = stats.sink_reason or "unhealthy"
+    body: dict[str, Any] = {
+        "status": "ok" if not problems else "unhealthy",
+        "replication": "ok" if "replication" not in problems else "failing",
+        "sink": "ok" if "sink" not in problems else "failing",
+    }
+    if problems:
+        body["problems"] = problems
+    return not problems, body
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    server_version = f"pg2sink/{__version__}"
+    protocol_version = "HTTP/1.1"
+    #: seconds an idle keep-alive connection may hold its thread
+    timeout = 30
+
+    def do_GET(self) -> None:
+        self._respond(head=False)
+
+    def do_HEAD(self) -> None:
+        self._respond(head=True)
+
+    def _respond(self, head: bool) -> None:
+        path = urlsplit(self.path).path.rstrip("/") or "/"
+        app = self.server.app
+        try:
+            if path == "/health":
+                self._send(HTTPStatus.OK, _JSON, orjson.dumps({"status": "ok"}), head)
+            elif path == "/status":
+                healthy, body = status_document(app.stats)
+                code = HTTPStatus.OK if healthy else HTTPStatus.INTERNAL_SERVER_ERROR
+                self._send(code, _JSON, app.json(body), head)
+            elif path == "/stats":
+                self._send(HTTPStatus.OK, _JSON, app.json(stats_document(app.stats)), head)
+            elif path == "/metrics":
+                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+                self._send(HTTPStatus.OK, content_type, encoder(app.registry), head)
+            else:
+                body = {"error": "not found", "endpoints": list(_ENDPOINTS)}
+                self._send(HTTPStatus.NOT_FOUND, _JSON, orjson.dumps(body), head)
+        except Exception:
+            log.exception("HTTP API: %s %s failed", self.command, path)
+            self._send(
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                _JSON,
+                orjson.dumps({"error": "internal error"}),
+                head,
+            )
+
+    def _send(self, code: HTTPStatus, content_type: str, body: bytes, head: bool) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # one DEBUG line per request instead of http.server's stderr lines
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("HTTP API %s: %s", self.client_address[0], format % args)
+
+
+_ENDPOINTS = ("/health", "/status", "/stats", "/metrics")
+
+
+class _App:
+    def __init__(
+        self, stats: StreamStats, registry: CollectorRegistry, redact: Callable[[str], str]
+    ) -> None:
+        self.stats = stats
+        self.registry = registry
+        self.redact = redact
+
+    def json(self, body: dict[str, Any]) -> bytes:
+        return orjson.dumps(_redact_strings(body, self.redact))
+
+
+def _redact_strings(value: Any, redact: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redact_strings(v, redact) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_strings(v, redact) for v in value]
+    return value
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    app: _App
+
+
+class Server:
+    """A running HTTP API; `close()` stops it and frees the port."""
+
+    def __init__(self, httpd: _HTTPServer) -> None:
+        self._httpd = httpd
+        # close() waits up to one poll interval for serve_forever to notice
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, args=(0.1,), name="pg2sink-http", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def host(self) -> str:
+        return str(self._httpd.server_address[0])
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_http_server(
+    address: str,
+    stats: StreamStats,
+    *,
+    registry: CollectorRegistry | None = None,
+    redact: Callable[[str], str] = lambda text: text,
+) -> Server:
+    """Serve /health, /status, /stats and /metrics for `stats` on `address` (HOST:PORT).
+
+    Raises ValueError for a malformed address and OSError when it cannot be
+    bound (port in use, unknown host). `registry` defaults to make_registry(stats).
+    """
+    host, port = parse_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class Bound(_HTTPServer):
+        address_family = family
+
+    httpd = Bound((host, port), _Handler)
+    httpd.app = _App(stats, registry if registry is not None else make_registry(stats), redact)
+    server = Server(httpd)
+    log.info("HTTP API listening on %s (/health /status /stats /metrics)", server.url)
+    return server

@@ -1,0 +1,237 @@
+"""Prometheus metrics built from a StreamStats at scrape time.
+
+`StatsCollector.collect()` turns the plain counters of StreamStats into
+metric families when Prometheus scrapes, so the replication loop never calls
+prometheus_client (whose metric objects take a lock per update). Every name
+starts with `pg2sink_`; docs/observability.md lists each one with its type,
+labels and meaning, and a test keeps that list and this module in step.
+
+`make_registry()` builds a dedicated CollectorRegistry (never the global one)
+holding this collector plus the standard process_* and python_* collectors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from pg2sink import __version__
+from pg2sink.observability.stats import IMPORT_STATES, Buckets, StreamStats
+
+__all__ = ["StatsCollector", "make_registry"]
+
+#: Labels of pg2sink_info, in this order (missing ones are empty strings).
+INFO_LABELS = ("version", "slot", "publication", "sink")
+
+
+class StatsCollector(Collector):
+    """Exposes one StreamStats as pg2sink_* metric families."""
+
+    def __init__(self, stats: StreamStats, clock: Callable[[], float] = time.time) -> None:
+        self.stats = stats
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats
+        now = self.clock()
+
+        info = GaugeMetricFamily(
+            "pg2sink_info",
+            "pg2sink version and what it streams (constant 1)",
+            labels=INFO_LABELS,
+        )
+        labels = {"version": __version__, **s.info}
+        info.add_metric([labels.get(k, "") for k in INFO_LABELS], 1)
+        yield info
+        yield _gauge(
+            "pg2sink_up",
+            "1 when the replication connection and the sink are healthy (GET /status 200)",
+            s.healthy,
+        )
+        yield _gauge(
+            "pg2sink_replication_connected",
+            "1 while the replication connection streams",
+            s.replication_connected,
+        )
+        yield _gauge("pg2sink_sink_healthy", "1 while the sink accepts records", s.sink_healthy)
+
+        # -- the stream ----------------------------------------------------------------
+        messages = CounterMetricFamily(
+            "pg2sink_messages", "pgoutput messages received, by type", labels=["type"]
+        )
+        for kind, n in sorted(dict(s.messages).items()):
+            messages.add_metric([kind], n)
+        yield messages
+        changes = CounterMetricFamily(
+            "pg2sink_changes",
+            "changes emitted to the sink, by table and operation",
+            labels=["schema", "table", "operation"],
+        )
+        for (schema, table, op), n in sorted(s.changes.items()):
+            changes.add_metric([schema, table, op], n)
+        yield changes
+        yield _gauge(
+            "pg2sink_received_lsn_bytes",
+            "highest WAL position received from the server (LSN as a byte offset)",
+            s.received_lsn,
+        )
+        yield _gauge(
+            "pg2sink_confirmed_lsn_bytes",
+            "highest WAL position the sink holds durably and pg2sink confirmed to the server",
+            s.confirmed_lsn,
+        )
+        if s.last_ack_commit_time is not None:
+            yield _gauge(
+                "pg2sink_last_ack_commit_timestamp_seconds",
+                "commit time (Unix seconds) of the last transaction the sink acknowledged",
+                s.last_ack_commit_time.timestamp(),
+            )
+        yield _gauge(
+            "pg2sink_replication_lag_seconds",
+            "seconds since the commit of the oldest transaction received but not yet "
+            "acknowledged by the sink; 0 when caught up",
+            s.lag_seconds(now),
+        )
+        yield CounterMetricFamily(
+            "pg2sink_heartbeats",
+            "primary keepalive messages received from the server",
+            value=s.heartbeats,
+        )
+        yield _gauge(
+            "pg2sink_publication_tables",
+            "tables in the publication after the last reconciliation",
+            s.publication_tables,
+        )
+
+        # -- the server, sampled every poll interval -------------------------------------
+        if s.server_sampled_at is not None:
+            yield _gauge(
+                "pg2sink_server_wal_lsn_bytes",
+                "the server's current WAL position at the last poll",
+                s.server_wal_lsn,
+            )
+            yield _gauge(
+                "pg2sink_server_sampled_timestamp_seconds",
+                "when the server's WAL position and the slot were last sampled (Unix seconds)",
+                s.server_sampled_at,
+            )
+        lag = s.lag_bytes()
+        if lag is not None:
+            yield _gauge(
+                "pg2sink_replication_lag_bytes",
+                "the server's WAL position minus the confirmed LSN",
+                lag,
+            )
+        if s.slot_active is not None:
+            yield _gauge(
+                "pg2sink_slot_active",
+                "1 when a walsender streams from the slot (at the last poll)",
+                s.slot_active,
+            )
+        if s.slot_restart_lsn:
+            yield _gauge(
+                "pg2sink_slot_restart_lsn_bytes",
+                "the slot's restart_lsn at the last poll",
+                s.slot_restart_lsn,
+            )
+        retained = s.wal_retained_bytes()
+        if retained is not None:
+            yield _gauge(
+                "pg2sink_wal_retained_bytes",
+                "WAL the server retains for the slot (WAL position minus restart_lsn)",
+                retained,
+            )
+
+        # -- the sink -------------------------------------------------------------------
+        yield _histogram(
+            "pg2sink_sink_flush_seconds", "duration of each durable sink flush", s.flush_seconds
+        )
+        yield _histogram(
+            "pg2sink_sink_flush_records",
+            "records written between two flushes (batch size)",
+            s.flush_records,
+        )
+        yield _histogram(
+            "pg2sink_sink_write_seconds",
+            "time from write to delivery acknowledgement, for sinks that deliver asynchronously",
+            s.write_seconds,
+        )
+        yield _gauge(
+            "pg2sink_raw_buffer_bytes",
+            "bytes the sink holds written but not yet durable",
+            s.raw_buffer_bytes,
+        )
+
+        # -- problems -------------------------------------------------------------------
+        errors = CounterMetricFamily("pg2sink_errors", "errors by kind", labels=["kind"])
+        for kind, n in sorted(dict(s.errors).items()):
+            errors.add_metric([kind], n)
+        yield errors
+        logged = CounterMetricFamily(
+            "pg2sink_log_messages", "log lines at warning level or above", labels=["level"]
+        )
+        for level, n in sorted(dict(s.log_messages).items()):
+            logged.add_metric([level], n)
+        yield logged
+
+        # -- imports --------------------------------------------------------------------
+        rows_read = CounterMetricFamily(
+            "pg2sink_import_rows_read",
+            "rows read by a table's snapshot import",
+            labels=["schema", "table"],
+        )
+        estimated = GaugeMetricFamily(
+            "pg2sink_import_rows_estimated",
+            "estimated rows of a table being imported (pg_class.reltuples)",
+            labels=["schema", "table"],
+        )
+        state = GaugeMetricFamily(
+            "pg2sink_import_state",
+            "1 for the current state of a table's import (pending, running, done, failed)",
+            labels=["schema", "table", "state"],
+        )
+        for (schema, table), progress in sorted(dict(s.imports).items()):
+            rows_read.add_metric([schema, table], progress.rows_read)
+            if progress.rows_estimated is not None:
+                estimated.add_metric([schema, table], progress.rows_estimated)
+            for name in IMPORT_STATES:
+                state.add_metric([schema, table, name], progress.state == name)
+        yield rows_read
+        yield estimated
+        yield state
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=float(value))
+
+
+def _histogram(name: str, documentation: str, buckets: Buckets) -> HistogramMetricFamily:
+    cumulative = buckets.cumulative()
+    return HistogramMetricFamily(
+        name,
+        documentation,
+        buckets=[(le, float(n)) for le, n in cumulative],
+        sum_value=buckets.sum,
+    )
+
+
+def make_registry(stats: StreamStats, clock: Callable[[], float] = time.time) -> CollectorRegistry:
+    """A dedicated registry: pg2sink_* from `stats`, plus process_* and python_* metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatsCollector(stats, clock))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
