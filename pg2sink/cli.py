@@ -16,13 +16,37 @@ from collections.abc import Sequence
 from typing import Any
 
 from pg2sink import __version__, logs
-from pg2sink.config import SecretDsn, SourceConfig, StreamConfig, parse_duration
+from pg2sink.config import (
+    KafkaConfig,
+    SecretDsn,
+    Settings,
+    SourceConfig,
+    StreamConfig,
+    parse_duration,
+    parse_topic_map,
+)
 from pg2sink.errors import ConfigError, Pg2SinkError
 
 log = logging.getLogger(__name__)
 
 COMMANDS = ("stream", "drop")
 EXIT_USAGE = 2
+
+# Secrets registered for redaction: logs redact them (logs.add_secret), and so does the
+# one error line main() prints itself, which does not pass through logging.
+_SECRETS: set[str] = set()
+
+
+def _add_secret(secret: str | None) -> None:
+    if secret:
+        _SECRETS.add(secret)
+        logs.add_secret(secret)
+
+
+def _redact(text: str) -> str:
+    for secret in _SECRETS:
+        text = text.replace(secret, logs.REDACTED)
+    return text
 
 
 def _env_name(flag: str) -> str:
@@ -64,6 +88,9 @@ def _add(
     if repeat:
         value: Any = [v.strip() for v in raw.split(",") if v.strip()] if raw else None
         kwargs["action"] = "append"
+    elif kwargs.get("action") == "store_const":
+        # a switch: its variable is parsed as a boolean by _bool_env ('false' is off)
+        value = default
     elif raw is not None:
         value = raw
     else:
@@ -120,6 +147,80 @@ def _add_logging_options(p: argparse.ArgumentParser) -> None:
     _add(g, "--log-format", default="text", choices=["text", "json"], help="log line format")
 
 
+def _add_kafka_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("kafka sink (--sink=kafka)")
+    _add(
+        g,
+        "--kafka-bootstrap-servers",
+        help="Kafka brokers, host:port[,host:port...]",
+        metavar="SERVERS",
+    )
+    _add(
+        g,
+        "--kafka-config",
+        repeat=True,
+        help="librdkafka producer setting (security.protocol, sasl.*, ssl.*, linger.ms, "
+        "compression.type...); repeatable",
+        metavar="KEY=VALUE",
+    )
+    _add(
+        g,
+        "--schema-registry-url",
+        help="schema registry, Confluent-compatible API (Apicurio: .../apis/ccompat/v7); "
+        "needed for --format avro",
+        metavar="URL",
+    )
+    _add(
+        g,
+        "--schema-registry-config",
+        repeat=True,
+        help="schema registry client setting (basic.auth.user.info, ssl.ca.location, "
+        "timeout...); repeatable",
+        metavar="KEY=VALUE",
+    )
+    _add(
+        g,
+        "--format",
+        default="avro",
+        choices=["avro", "json"],
+        help="message format: Avro (Confluent wire format, registry) or JSON",
+    )
+    _add(
+        g,
+        "--topic-prefix",
+        default="pg2sink",
+        help="a table's topic is PREFIX.<schema>.<table>",
+        metavar="PREFIX",
+    )
+    _add(
+        g,
+        "--topic-map",
+        repeat=True,
+        help="send a table's messages to TOPIC; repeatable",
+        metavar="SCHEMA.TABLE=TOPIC",
+    )
+    _add(
+        g,
+        "--fallback-topic",
+        help="topic of tables --topic-map does not name (without it such a table stops "
+        "the stream with an error); without --topic-map, every table's topic",
+        metavar="TOPIC",
+    )
+    _add(
+        g,
+        "--tombstones",
+        action="store_const",
+        const=True,
+        help="follow each DELETE with a null-value message for its key (log compaction)",
+    )
+    _add(
+        g,
+        "--schema-topic",
+        help="also publish Schema records as JSON to this topic, keyed by schema.table",
+        metavar="TOPIC",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="pg2sink",
@@ -140,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_source_options(stream)
     g = stream.add_argument_group("sink")
-    _add(g, "--sink", default="file", choices=["file"], help="where records go")
+    _add(g, "--sink", default="file", choices=["file", "kafka"], help="where records go")
     _add(
         g,
         "--file-path",
@@ -156,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print each decoded pgoutput message readably (to --file-path) and never "
         "advance the slot",
     )
+    _add_kafka_options(stream)
     g = stream.add_argument_group("timing")
     _add(
         g,
@@ -214,8 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _source_config(args: argparse.Namespace) -> SourceConfig:
     dsn = SecretDsn(args.source or "")
-    logs.add_secret(dsn.password)
-    logs.add_secret(os.environ.get("PGPASSWORD"))
+    _add_secret(dsn.password)
+    _add_secret(os.environ.get("PGPASSWORD"))
     return SourceConfig(
         dsn=dsn,
         publication=args.publication,
@@ -224,6 +326,32 @@ def _source_config(args: argparse.Namespace) -> SourceConfig:
         tables=tuple(args.table or ()),
         exclude_tables=tuple(args.exclude_table or ()),
     )
+
+
+def _kafka_config(args: argparse.Namespace) -> KafkaConfig:
+    """The Kafka sink's settings; ConfigError for what can be checked without a broker."""
+    # secrets first, so that no error below can show them
+    producer = Settings.parse(args.kafka_config or (), "--kafka-config")
+    registry = Settings.parse(args.schema_registry_config or (), "--schema-registry-config")
+    cfg = KafkaConfig(
+        bootstrap_servers=(args.kafka_bootstrap_servers or "").strip(),
+        producer=producer,
+        schema_registry_url=(args.schema_registry_url or "").strip(),
+        registry=registry,
+        format=args.format,
+        topic_prefix=args.topic_prefix,
+        topic_map=parse_topic_map(args.topic_map or ()),
+        fallback_topic=args.fallback_topic or None,
+        tombstones=bool(args.tombstones) or _bool_env("PG2SINK_TOMBSTONES"),
+        schema_topic=args.schema_topic or None,
+    )
+    for secret in cfg.secrets():
+        _add_secret(secret)
+    if not cfg.bootstrap_servers and "bootstrap.servers" not in producer:
+        raise ConfigError("--sink=kafka needs --kafka-bootstrap-servers")
+    if cfg.format == "avro" and not cfg.schema_registry_url:
+        raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")
+    return cfg
 
 
 def _stream_config(args: argparse.Namespace) -> StreamConfig:
@@ -237,6 +365,7 @@ def _stream_config(args: argparse.Namespace) -> StreamConfig:
         flush_interval=args.flush_interval,
         retry_initial=bool(args.retry_initial) or _bool_env("PG2SINK_RETRY_INITIAL"),
         retry_interval=args.retry_interval,
+        kafka=_kafka_config(args) if args.sink == "kafka" else None,
     )
 
 
@@ -264,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_stream(_stream_config(args))
         return 0
     except Pg2SinkError as e:
-        print(f"pg2sink: error: {e}", file=sys.stderr)
+        print(f"pg2sink: error: {_redact(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -7,6 +7,7 @@ environment variables; everything below the CLI receives them ready-made.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import psycopg.conninfo
@@ -88,6 +89,123 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+#: Parts of a client setting's name that mark its value as a secret (sasl.password,
+#: ssl.key.password, sasl.jaas.config, basic.auth.user.info, bearer.auth.token, ssl.key.pem...).
+_SECRET_KEY_PARTS = ("password", "secret", "user.info", "token", "jaas", ".pem", "credentials")
+
+
+def is_secret_setting(key: str) -> bool:
+    """Whether the value of client setting `key` must never be shown."""
+    key = key.lower()
+    return any(part in key for part in _SECRET_KEY_PARTS)
+
+
+class Settings:
+    """KEY=VALUE client settings (librdkafka, the registry client) whose secrets never leak.
+
+    `reveal()` gives the values for handing to the client; str/repr mask every secret.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, str] | None = None) -> None:
+        self._items: dict[str, str] = dict(items or {})
+
+    @classmethod
+    def parse(cls, pairs: Iterable[str], flag: str) -> Settings:
+        """Settings from `KEY=VALUE` strings; ConfigError naming `flag` for a bad one."""
+        items: dict[str, str] = {}
+        for pair in pairs:
+            key, eq, value = pair.partition("=")
+            key = key.strip()
+            if not eq or not key or any(c.isspace() for c in key):
+                shown = key if eq else pair
+                if is_secret_setting(shown):
+                    shown = "***"
+                raise ConfigError(f"invalid {flag} {shown!r}: expected KEY=VALUE")
+            items[key] = value
+        return cls(items)
+
+    def reveal(self) -> dict[str, str]:
+        """The settings with their real values, for the client library only."""
+        return dict(self._items)
+
+    def secrets(self) -> list[str]:
+        """The values that must never appear in output."""
+        return [v for k, v in self._items.items() if v and is_secret_setting(k)]
+
+    def get(self, key: str) -> str | None:
+        return self._items.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Settings) and other._items == self._items
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._items.items())))
+
+    def __repr__(self) -> str:
+        shown = {k: "***" if is_secret_setting(k) else v for k, v in self._items.items()}
+        return f"Settings({shown!r})"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """What `--sink=kafka` needs (README "Kafka")."""
+
+    bootstrap_servers: str
+    """Comma-separated host:port list of Kafka brokers."""
+    producer: Settings = field(default_factory=Settings)
+    """librdkafka settings from --kafka-config (SASL/SSL, linger.ms, compression...)."""
+    schema_registry_url: str = field(default="", repr=False)
+    """Confluent-compatible schema registry API; may hold user info, hence not in repr."""
+    registry: Settings = field(default_factory=Settings)
+    """Schema registry client settings from --schema-registry-config."""
+    format: str = "avro"
+    """Message format: 'avro' (Confluent wire format, registry) or 'json'."""
+    topic_prefix: str = "pg2sink"
+    """Default topic of a table: <prefix>.<schema>.<table>."""
+    topic_map: tuple[tuple[str, str], ...] = ()
+    """('schema.table', topic) pairs from --topic-map."""
+    fallback_topic: str | None = None
+    """Topic of tables that --topic-map does not name (without it they are an error)."""
+    tombstones: bool = False
+    """Follow each DELETE with a null-value message for its key (log compaction)."""
+    schema_topic: str | None = None
+    """Also publish Schema records, as JSON, to this topic keyed by 'schema.table'."""
+
+    def secrets(self) -> list[str]:
+        """Every secret value of this configuration (for log redaction)."""
+        out = self.producer.secrets() + self.registry.secrets()
+        password = _url_password(self.schema_registry_url)
+        if password:
+            out.append(password)
+        return out
+
+
+def _url_password(url: str) -> str | None:
+    m = re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:([^/@]*)@", url)
+    return m.group(1) if m and m.group(1) else None
+
+
+def parse_topic_map(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """`schema.table=topic` strings → pairs; ConfigError for a malformed one."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        table, eq, topic = pair.rpartition("=")
+        if not eq or "." not in table.strip(".") or not topic.strip():
+            raise ConfigError(f"invalid --topic-map {pair!r}: expected schema.table=topic")
+        out[table] = topic.strip()
+    return tuple(out.items())
+
+
 @dataclass(frozen=True)
 class SourceConfig:
     """Where and what to replicate."""
@@ -114,7 +232,7 @@ class StreamConfig:
 
     source: SourceConfig
     sink: str = "file"
-    """Sink name: file."""
+    """Sink name: file or kafka."""
     file_path: str = "-"
     """File sink target; '-' is standard output."""
     decode_only: bool = False
@@ -129,5 +247,7 @@ class StreamConfig:
     """Wait and retry while the slot is busy or the server unreachable at start."""
     retry_interval: float = 5.0
     """Seconds between retries with --retry-initial."""
+    kafka: KafkaConfig | None = None
+    """Kafka sink settings (set when sink is 'kafka')."""
     secrets: tuple[str, ...] = field(default=(), repr=False)
     """Strings that must never appear in output (passwords)."""

@@ -31,14 +31,26 @@ from pg2sink.subscription.stream import ChangeHandler, StopRequested, Streamer
 
 log = logging.getLogger(__name__)
 
-SINKS = ("file",)
+SINKS = ("file", "kafka")
 
 _BACKOFF_CAP = 30.0
 
 
 def make_sink(cfg: StreamConfig) -> Sink:
+    """The sink `cfg` asks for (not opened yet)."""
     if cfg.sink == "file":
         return FileSink(cfg.file_path)
+    if cfg.sink == "kafka":
+        if cfg.kafka is None:
+            raise ConfigError("--sink=kafka needs --kafka-bootstrap-servers")
+        try:
+            # imported here: confluent-kafka and fastavro are the optional [kafka] extra
+            from pg2sink.sinks.kafka import KafkaSink
+        except ImportError as e:
+            raise ConfigError(
+                f"--sink=kafka needs the kafka extra (pip install 'pg2sink[kafka]'): {e}"
+            ) from None
+        return KafkaSink(cfg.kafka)
     raise ConfigError(f"unknown --sink {cfg.sink!r}: choose one of {', '.join(SINKS)}")
 
 

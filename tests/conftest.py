@@ -214,3 +214,45 @@ def pg2sink_proc(db: Database, tmp_path: Path) -> Iterator[Callable[..., Pg2Sink
         if p.proc is not None and p.proc.poll() is None:
             p.proc.kill()
             p.proc.wait(10)
+
+
+# --- Kafka and the schema registry --------------------------------------------
+
+
+@dataclass
+class KafkaStack:
+    """A Kafka broker (auto-creating topics) and a schema registry for the session."""
+
+    bootstrap_servers: str
+    registry_url: str
+    kafka: services.Kafka | None = None
+    """The broker when this session started it (None when reusing `make services`)."""
+
+
+@pytest.fixture(scope="session")
+def kafka_stack() -> Iterator[KafkaStack]:
+    """Reuses KAFKA_BOOTSTRAP_SERVERS and SCHEMA_REGISTRY_URL when both are set (as
+    `make services` writes them to .services/env), else starts both in a temp directory."""
+    servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    url = os.environ.get("SCHEMA_REGISTRY_URL")
+    if servers and url:
+        yield KafkaStack(servers, url)
+        return
+    base = Path(tempfile.mkdtemp(prefix="pg2sink-kafka-"))
+    kafka_port, controller_port, registry_port = services.free_ports(3)
+    kafka = services.Kafka(base=base / "kafka", port=kafka_port, controller_port=controller_port)
+    registry = services.SchemaRegistry(base=base / "registry", port=registry_port)
+    try:
+        kafka.start()
+        registry.start()
+        yield KafkaStack(kafka.bootstrap_servers, registry.url, kafka)
+    finally:
+        registry.stop()
+        kafka.stop()
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    """A topic prefix no other test uses (topics and subjects outlive a test)."""
+    return f"t{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,423 @@
+"""Avro encoding of typed changes: the per-table envelope schemas and value conversion.
+
+The Kafka sink writes a Modification as an Avro record, the *envelope*, whose `before`
+and `after` fields hold the table's row record (exactly the schema its Schema record
+carries, see changelog.typemap.avro_row_schema):
+
+    record <ns>.<table>.Modification
+      timestamp        long, timestamp-micros   commit time
+      sequence, lsn, xid  long
+      operation, namespace, name  string
+      before, after    ["null", <ns>.<table>.value]
+      unchanged_toast  array of string, default []
+
+`unchanged_toast` lists the fields of `after` (Avro field names) whose value is an
+unchanged TOASTed value PostgreSQL did not send: they are null in `after`, and this list is
+how an Avro consumer tells them from a real NULL. The key of a message is the record
+`<ns>.<table>.key` of the primary-key (or replica-identity) columns, in key order, with the
+same fields as the row record.
+
+Row values come from changelog.typemap as typed Python values. The conversion to what the
+Avro type stores is chosen per field from `_CONVERTERS` (type mapping as data), once per
+table, so a change only runs the precompiled list; fastavro then writes the primitives:
+
+| Avro type (logicalType)        | typed value                 | written as                      |
+|--------------------------------|-----------------------------|---------------------------------|
+| boolean, int, long, bytes      | bool, int, bytes            | as is                           |
+| string (also uuid)             | str; Decimal (numeric)      | as is; format(value, "f")       |
+| float, double                  | float; PgText NaN/±Infinity | as is; float(value)             |
+| bytes (decimal p,s)            | Decimal                     | unscaled, two's complement (1)  |
+| int (date)                     | date                        | days since 1970-01-01           |
+| long (time-micros)             | time                        | microseconds after midnight     |
+| long (local-timestamp-micros)  | naive datetime              | microseconds since 1970-01-01   |
+| long (timestamp-micros)        | datetime in UTC             | microseconds since the epoch    |
+| array                          | list                        | list of converted items         |
+
+(1) After quantizing to the scale, which never rounds: a value that would need rounding,
+    or more digits than the precision, is an error.
+
+Values with no room in their Avro type raise `UnrepresentableValueError` (a terminal
+SinkError naming table, column and value), never a silent null: NaN in numeric(p,s),
+`infinity`/`-infinity`, BC and after-9999 dates and timestamps, time `24:00:00`, and
+multi-dimensional array values (the Avro type describes one dimension). An unconstrained
+numeric is an Avro string, so its NaN and infinities are written as that text.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Context, Decimal, Inexact, InvalidOperation
+from typing import Any
+
+import fastavro
+
+from pg2sink.changelog.records import Modification
+from pg2sink.errors import SinkError
+from pg2sink.logical.messages import UNCHANGED_TOAST
+
+__all__ = [
+    "TableEncoder",
+    "UnrepresentableValueError",
+    "envelope_schema",
+    "key_schema",
+]
+
+#: Fields of the envelope before `before`/`after`, in the order of schemas/modification.avsc.
+_ENVELOPE_HEAD: tuple[dict[str, Any], ...] = (
+    {"name": "timestamp", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    {"name": "sequence", "type": "long"},
+    {"name": "lsn", "type": "long"},
+    {"name": "xid", "type": "long"},
+    {"name": "operation", "type": "string"},
+    {"name": "namespace", "type": "string"},
+    {"name": "name", "type": "string"},
+)
+
+# How much of a value an error message shows.
+_PREVIEW_CHARS = 60
+
+
+class UnrepresentableValueError(SinkError):
+    """A value that has no representation in its column's Avro type (terminal)."""
+
+
+class _NoAvroValueError(ValueError):
+    """Raised by a converter; the encoder adds table and column and re-raises."""
+
+
+# --- the schemas -------------------------------------------------------------
+
+
+def envelope_schema(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The Modification envelope (value schema) of the table whose row record is `row`."""
+    row_name = f"{row['namespace']}.{row['name']}"
+    return {
+        "type": "record",
+        "name": "Modification",
+        "namespace": row["namespace"],
+        "fields": [
+            *copy.deepcopy(_ENVELOPE_HEAD),
+            {"name": "before", "type": ["null", copy.deepcopy(dict(row))], "default": None},
+            # A named type is defined once and referenced by its full name afterwards.
+            {"name": "after", "type": ["null", row_name], "default": None},
+            {
+                "name": "unchanged_toast",
+                "type": {"type": "array", "items": "string"},
+                "default": [],
+            },
+        ],
+        "pg.namespace": row.get("pg.namespace"),
+        "pg.table": row.get("pg.table"),
+    }
+
+
+def key_schema(
+    row: Mapping[str, Any], key_columns: Sequence[str] | None = None
+) -> dict[str, Any] | None:
+    """The key record of the table (its key columns' fields, in key order), or None.
+
+    This is what `typemap.avro_row_schema(..., name="key")` gives for the key columns,
+    taken from the row record so that the key's field names are those of the value.
+    `key_columns` gives the key order (Schema.primary_key); the row record's
+    "pg.primary_key" lists the key columns in table order.
+    """
+    if not key_columns:
+        key_columns = row.get("pg.primary_key") or []
+    if not key_columns:
+        return None
+    by_column = {f["pg.column"]: f for f in row["fields"]}
+    return {
+        "type": "record",
+        "name": "key",
+        "namespace": row["namespace"],
+        "fields": [copy.deepcopy(by_column[c]) for c in key_columns],
+        "pg.namespace": row.get("pg.namespace"),
+        "pg.table": row.get("pg.table"),
+        "pg.primary_key": list(key_columns),
+    }
+
+
+# --- value converters: typed value -> what fastavro writes for the Avro type ---
+#
+# fastavro writes with a copy of the schema stripped of its logical types (`_primitive`):
+# a logical type's binary encoding is its underlying type's, so the bytes are the same,
+# and the conversions below (micros since the epoch, two's-complement decimal bytes) cost
+# less than fastavro's own. With the union tuples of TableEncoder.encode_value, an
+# 18-column row went from 51 us to 25 us (measured).
+
+Converter = Callable[[object], object]
+
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+_EPOCH_NAIVE = datetime(1970, 1, 1)
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _preview(value: object) -> str:
+    text = repr(str(value)) if isinstance(value, str) else repr(value)
+    return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 3] + "..."
+
+
+def _no_room(what: str) -> _NoAvroValueError:
+    return _NoAvroValueError(f"Avro {what} has no representation for it")
+
+
+def _to_float(value: object) -> object:
+    # float('NaN'), float('Infinity'), float('-Infinity') are exactly PostgreSQL's specials
+    return value if value.__class__ is float else float(value)  # type: ignore[arg-type]
+
+
+def _to_string(value: object) -> object:
+    # An unconstrained numeric decodes to Decimal: 'f' keeps PostgreSQL's digits where
+    # str() would write 1E-8.
+    return format(value, "f") if value.__class__ is Decimal else value
+
+
+def _date_days(value: object) -> object:
+    if value.__class__ is date:
+        return value.toordinal() - _EPOCH_ORDINAL
+    raise _no_room("date")
+
+
+def _time_micros(value: object) -> object:
+    if value.__class__ is time:
+        t: time = value
+        return ((t.hour * 60 + t.minute) * 60 + t.second) * 1_000_000 + t.microsecond
+    raise _no_room("time-micros")
+
+
+def _local_timestamp_micros(value: object) -> object:
+    if value.__class__ is datetime and value.tzinfo is None:
+        return (value - _EPOCH_NAIVE) // _MICROSECOND
+    raise _no_room("local-timestamp-micros")
+
+
+def _timestamp_micros(value: object) -> object:
+    if value.__class__ is datetime and value.tzinfo is not None:
+        return (value - _EPOCH_UTC) // _MICROSECOND
+    raise _no_room("timestamp-micros")
+
+
+def _decimal(avro: Mapping[str, Any]) -> Converter:
+    precision, scale = int(avro["precision"]), int(avro.get("scale", 0))
+    quantum = Decimal(1).scaleb(-scale)
+    # Traps turn a rounding (Inexact) or an overflow of the precision (InvalidOperation)
+    # into an error instead of a changed value.
+    context = Context(prec=max(precision, 1), traps=[Inexact, InvalidOperation])
+    what = f"decimal({precision},{scale})"
+
+    def convert(value: object) -> object:
+        if value.__class__ is not Decimal:
+            raise _no_room(what)
+        try:
+            unscaled = int(value.quantize(quantum, context=context).scaleb(scale))
+        except (Inexact, InvalidOperation):
+            raise _NoAvroValueError(f"it does not fit Avro {what}") from None
+        # Avro decimal: the unscaled value, two's-complement big-endian
+        return unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
+
+    return convert
+
+
+def _array(avro: Mapping[str, Any]) -> Converter | None:
+    items = avro["items"]
+    item_type = items[1] if isinstance(items, list) else items
+    item = converter_for(item_type)
+
+    def convert(value: object) -> object:
+        out: list[object] = []
+        for element in value:  # type: ignore[attr-defined]
+            if element is None:
+                out.append(None)
+            elif element.__class__ is list:
+                raise _NoAvroValueError(
+                    "a multi-dimensional array has no representation in the Avro array type"
+                )
+            else:
+                out.append(element if item is None else item(element))
+        return out
+
+    return convert
+
+
+def _as_is(avro: Mapping[str, Any]) -> Converter | None:
+    return None
+
+
+# (Avro type, logicalType) -> converter factory; a factory returning None means "as is".
+_CONVERTERS: Mapping[tuple[str, str | None], Callable[[Mapping[str, Any]], Converter | None]] = {
+    ("boolean", None): _as_is,
+    ("int", None): _as_is,
+    ("long", None): _as_is,
+    ("bytes", None): _as_is,
+    ("string", None): lambda _: _to_string,
+    ("string", "uuid"): _as_is,
+    ("float", None): lambda _: _to_float,
+    ("double", None): lambda _: _to_float,
+    ("bytes", "decimal"): _decimal,
+    ("int", "date"): lambda _: _date_days,
+    ("long", "time-micros"): lambda _: _time_micros,
+    ("long", "local-timestamp-micros"): lambda _: _local_timestamp_micros,
+    ("long", "timestamp-micros"): lambda _: _timestamp_micros,
+    ("array", None): _array,
+}
+
+
+def converter_for(avro: Any) -> Converter | None:
+    """The converter of values of Avro type `avro` (None: written as they are)."""
+    if isinstance(avro, str):
+        avro = {"type": avro}
+    factory = _CONVERTERS.get((avro["type"], avro.get("logicalType")))
+    if factory is None:
+        raise ValueError(f"no Avro value converter for type {avro!r}")
+    return factory(avro)
+
+
+def _primitive(schema: Any) -> Any:
+    """`schema` without logical types: the schema fastavro writes converted values with."""
+    if isinstance(schema, list):
+        return [_primitive(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _primitive(v) for k, v in schema.items() if k != "logicalType"}
+    if schema.get("logicalType") == "decimal":
+        out.pop("precision", None)
+        out.pop("scale", None)
+    return out
+
+
+# --- per-table encoder -----------------------------------------------------------------
+
+
+class _RowConverter:
+    """Typed row {column: value} -> Avro record {field: value}, plus unchanged-TOAST fields."""
+
+    __slots__ = ("_fields", "_table")
+
+    def __init__(self, table: str, record: Mapping[str, Any]) -> None:
+        self._table = table
+        self._fields = tuple(
+            (f["pg.column"], f["name"], converter_for(f["type"][1])) for f in record["fields"]
+        )
+
+    def convert(self, row: Mapping[str, object]) -> tuple[dict[str, object], list[str]]:
+        out: dict[str, object] = {}
+        toast: list[str] = []
+        column = ""
+        try:
+            for column, field, convert in self._fields:
+                value = row.get(column)
+                if value is None:
+                    out[field] = None
+                elif value is UNCHANGED_TOAST:
+                    # null in the body; listed so consumers can tell it from NULL
+                    out[field] = None
+                    toast.append(field)
+                elif convert is None:
+                    out[field] = value
+                else:
+                    out[field] = convert(value)
+        except _NoAvroValueError as e:
+            raise UnrepresentableValueError(
+                f"cannot write {self._table} column {column!r} value "
+                f"{_preview(row.get(column))} as Avro: {e}; no Avro representation yet"
+            ) from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise SinkError(
+                f"cannot write {self._table} column {column!r} value "
+                f"{_preview(row.get(column))} as Avro: {e}"
+            ) from None
+        return out, toast
+
+
+class TableEncoder:
+    """Avro bodies (no wire-format header) of one table's changes and keys.
+
+    Built once per Schema record of the table: it parses the envelope and key schemas
+    and compiles the row converters, so encoding a change is a dict build plus fastavro.
+    """
+
+    __slots__ = (
+        "_key",
+        "_key_rows",
+        "_row_name",
+        "_rows",
+        "_table",
+        "_timestamp",
+        "_timestamp_micros",
+        "_value",
+        "key",
+        "value",
+    )
+
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        row: Mapping[str, Any],
+        key_columns: Sequence[str] | None = None,
+    ) -> None:
+        """`row` is a Schema record's schema, `key_columns` its primary_key (key order)."""
+        self._table = f"{namespace}.{name}"
+        #: the schemas to register (value: the envelope; key: None for tables without a key)
+        self.value = envelope_schema(row)
+        self.key = key_schema(row, key_columns)
+        # fresh named_schemas: every table (and version) defines its own record names
+        self._value = fastavro.parse_schema(_primitive(self.value), named_schemas={})
+        self._rows = _RowConverter(self._table, row)
+        self._row_name = f"{row['namespace']}.{row['name']}"
+        self._key: Any = None
+        self._key_rows: _RowConverter | None = None
+        if self.key is not None:
+            self._key = fastavro.parse_schema(_primitive(self.key), named_schemas={})
+            self._key_rows = _RowConverter(self._table, self.key)
+        # the commit time of the last change, converted (the same for a whole transaction)
+        self._timestamp: object = None
+        self._timestamp_micros = 0
+
+    def encode_value(self, m: Modification) -> bytes:
+        """The envelope of `m`, Avro binary."""
+        # (name, record) picks the union branch: fastavro would otherwise validate the
+        # whole record against each branch before writing it (a third of the time, measured)
+        row_name = self._row_name
+        before = (row_name, self._rows.convert(m.before)[0]) if m.before is not None else None
+        after: tuple[str, dict[str, object]] | None = None
+        toast: list[str] = []
+        if m.after is not None:
+            converted, toast = self._rows.convert(m.after)
+            after = (row_name, converted)
+        if m.timestamp is not self._timestamp:
+            self._timestamp = m.timestamp
+            self._timestamp_micros = (m.timestamp - _EPOCH_UTC) // _MICROSECOND
+        record = {
+            "timestamp": self._timestamp_micros,
+            "sequence": m.sequence,
+            "lsn": m.lsn,
+            "xid": m.xid,
+            "operation": m.operation.value,
+            "namespace": m.namespace,
+            "name": m.name,
+            "before": before,
+            "after": after,
+            "unchanged_toast": toast,
+        }
+        return self._write(self._value, record)
+
+    def encode_key(self, row: Mapping[str, object]) -> bytes | None:
+        """The key record of `row` (a before or after image), Avro binary; None without key."""
+        if self._key_rows is None:
+            return None
+        return self._write(self._key, self._key_rows.convert(row)[0])
+
+    def _write(self, schema: Any, record: Mapping[str, object]) -> bytes:
+        out = io.BytesIO()
+        try:
+            fastavro.schemaless_writer(out, schema, record)
+        except (ValueError, TypeError, OverflowError) as e:
+            # fastavro's messages repeat the whole record: keep the first line, shortened.
+            reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise SinkError(f"cannot encode a change of {self._table} as Avro: {reason}") from None
+        return out.getvalue()

@@ -1,0 +1,15 @@
+"""The Kafka sink (--sink=kafka): Avro with a schema registry, or JSON.
+
+    sink.py     KafkaSink: producing, delivery reports, failures
+    acks.py     contiguous acknowledgement of checkpoints
+    formats.py  message keys and values (Avro wire format or JSON) per table
+    topics.py   table → topic routing
+
+Imported only for --sink=kafka: confluent-kafka and fastavro are the [kafka] extra.
+"""
+
+from __future__ import annotations
+
+from pg2sink.sinks.kafka.sink import KafkaSink
+
+__all__ = ["KafkaSink"]

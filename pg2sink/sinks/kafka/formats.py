@@ -1,0 +1,139 @@
+"""Message keys and values of one table, in the two formats of --format.
+
+avro (default): Confluent wire format (magic byte 0, 4-byte schema id, Avro binary body).
+  The value is the Modification envelope of changelog.avro, the key the record of the key
+  columns; both registered under TopicNameStrategy subjects when the table's Schema
+  record arrives, so a new table shape registers new versions before its first change.
+json: the value is the file sink's JSON line of the Modification (without the newline),
+  the key the JSON object of the key columns; no registry involved.
+
+Tables without a key (no primary key, REPLICA IDENTITY FULL or NOTHING), and TRUNCATE
+messages, have a null key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from pg2sink.changelog.avro import TableEncoder
+from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.records import Modification, Operation, Schema
+from pg2sink.registry import SchemaRegistry, key_subject, value_subject, wire_header
+
+__all__ = ["AvroFormat", "Format", "JsonFormat", "TableFormat", "key_row", "modification_json"]
+
+
+def key_row(m: Modification) -> Mapping[str, object] | None:
+    """The image a change's key is taken from: the new row, the old one for DELETE."""
+    if m.after is not None:
+        return m.after
+    if m.operation is Operation.DELETE:
+        return m.before
+    return None  # TRUNCATE
+
+
+def modification_json(m: Modification) -> bytes:
+    """The file sink's JSON line of `m`, without its newline (README "Records")."""
+    return dumps(
+        {
+            "kind": "modification",
+            "timestamp": m.timestamp,
+            "sequence": m.sequence,
+            "lsn": m.lsn,
+            "xid": m.xid,
+            "operation": m.operation,
+            "namespace": m.namespace,
+            "name": m.name,
+            "before": m.before,
+            "after": m.after,
+        }
+    )
+
+
+class TableFormat(Protocol):
+    """Encodes one table's messages (one shape of it: rebuilt when the shape changes)."""
+
+    def key(self, row: Mapping[str, object]) -> bytes | None:
+        """The message key for a row image; None for a table without a key."""
+        ...
+
+    def value(self, m: Modification) -> bytes:
+        """The message value of a change."""
+        ...
+
+
+class Format(Protocol):
+    """Makes a TableFormat from a table's Schema record and its topic."""
+
+    #: whether row values should reach the sink in their JSON form (Sink.json_values)
+    json_values: bool
+
+    def table(self, schema: Schema, topic: str) -> TableFormat: ...
+
+    def close(self) -> None: ...
+
+
+class _AvroTable:
+    __slots__ = ("_encoder", "_key_header", "_value_header")
+
+    def __init__(self, encoder: TableEncoder, value_id: int, key_id: int | None) -> None:
+        self._encoder = encoder
+        self._value_header = wire_header(value_id)
+        self._key_header = wire_header(key_id) if key_id is not None else b""
+
+    def key(self, row: Mapping[str, object]) -> bytes | None:
+        body = self._encoder.encode_key(row)
+        return None if body is None else self._key_header + body
+
+    def value(self, m: Modification) -> bytes:
+        return self._value_header + self._encoder.encode_value(m)
+
+
+class AvroFormat:
+    """--format avro: registers each table shape, then writes the wire format."""
+
+    json_values = False
+
+    def __init__(self, registry: SchemaRegistry) -> None:
+        self.registry = registry
+
+    def table(self, schema: Schema, topic: str) -> TableFormat:
+        encoder = TableEncoder(schema.namespace, schema.name, schema.schema, schema.primary_key)
+        value_id = self.registry.register(value_subject(topic), encoder.value)
+        key_id = None
+        if encoder.key is not None:
+            key_id = self.registry.register(key_subject(topic), encoder.key)
+        return _AvroTable(encoder, value_id, key_id)
+
+    def close(self) -> None:
+        self.registry.close()
+
+
+class _JsonTable:
+    __slots__ = ("_key_columns",)
+
+    def __init__(self, key_columns: tuple[str, ...]) -> None:
+        self._key_columns = key_columns
+
+    def key(self, row: Mapping[str, object]) -> bytes | None:
+        if not self._key_columns:
+            return None
+        return dumps({c: row.get(c) for c in self._key_columns})
+
+    def value(self, m: Modification) -> bytes:
+        return modification_json(m)
+
+
+class JsonFormat:
+    """--format json: the file sink's JSON, no registry."""
+
+    json_values = True
+
+    def table(self, schema: Schema, topic: str) -> TableFormat:
+        # Schema.primary_key is in key order; the row record's list in table order
+        key_columns = tuple(schema.primary_key or schema.schema.get("pg.primary_key") or ())
+        return _JsonTable(key_columns)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,432 @@
+"""The Kafka sink: one message per Modification, acknowledged contiguously.
+
+Per record:
+- Schema: the table's topic is resolved (topics.TopicRouter) and checked once (it must
+  exist or be auto-created); in Avro the key and value schemas are registered
+  (formats.AvroFormat); with --schema-topic the Schema's JSON line is published there,
+  keyed by 'schema.table'.
+- Modification: one message to the table's topic, key = the key columns (null for tables
+  without a key and for TRUNCATE), headers operation, lsn, xid (UTF-8). With --tombstones
+  a DELETE is followed by a null-value message for its key, and an UPDATE that changed the
+  key by one for the old key, so log compaction forgets deleted rows.
+
+Delivery: an idempotent producer (enable.idempotence=true, acks=all; librdkafka retries
+and keeps per-partition order). Every message is numbered; `checkpoint(lsn)` marks the
+number produced so far, and a checkpoint is acknowledged once every message below its
+mark is delivered (acks.AckTracker), whatever the partitions. `flush()` waits (at most
+FLUSH_WAIT seconds) for the latest checkpoint's deliveries, then returns the highest
+acknowledged checkpoint: the only LSNs the stream confirms to PostgreSQL.
+
+A failed delivery (the broker was away for longer than message.timeout.ms, say) raises
+SinkUnavailableError: the service reconnects and PostgreSQL replays from the last
+confirmed LSN, so nothing is lost and changes after that LSN may repeat (at-least-once).
+The sink then starts over (a new generation: reports of older messages are ignored).
+Errors that retrying cannot fix (message too large, not authorised, an incompatible
+schema) raise SinkError and stop the stream with nothing after them confirmed.
+
+Backpressure: when librdkafka's queue is full (queue.buffering.max.messages / kbytes),
+`write` serves delivery reports until there is room, so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from pg2sink.changelog.records import Modification, Operation, Record, Schema
+from pg2sink.config import KafkaConfig
+from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
+from pg2sink.sinks.file import schema_line
+from pg2sink.sinks.kafka.acks import AckTracker
+from pg2sink.sinks.kafka.formats import (
+    AvroFormat,
+    Format,
+    JsonFormat,
+    TableFormat,
+    key_row,
+)
+from pg2sink.sinks.kafka.topics import TopicRouter
+
+log = logging.getLogger(__name__)
+
+#: Longest wait of flush() for the deliveries of the latest checkpoint, in seconds. Short
+#: enough that the replication loop keeps answering PostgreSQL during a broker outage.
+FLUSH_WAIT = 1.0
+#: Longest wait at close() for messages still in flight, in seconds.
+CLOSE_WAIT = 10.0
+#: How long a topic may take to appear when the broker creates topics on first use.
+TOPIC_CREATE_WAIT = 5.0
+#: Timeout of one metadata request, in seconds.
+METADATA_TIMEOUT = 10.0
+
+#: Producer settings pg2sink's guarantees rest on: no duplicates from librdkafka's own
+#: retries, no reordering, and an ack only once every in-sync replica has the message.
+REQUIRED_SETTINGS = {"enable.idempotence": "true", "acks": "all"}
+_SETTING_ALIASES = {"request.required.acks": "acks"}
+_ACKS_ALL = frozenset(("all", "-1"))
+
+# librdkafka errors that mean "no broker reachable" (error_cb): the sink logs the change
+# of state once, and once more when deliveries succeed again.
+_DOWN = frozenset((KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE))
+
+# Delivery errors that the same message would hit again after a reconnect.
+_TERMINAL = frozenset(
+    (
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError._INVALID_ARG,
+    )
+)
+
+_HOW_TO_CREATE = (
+    "create it (kafka-topics.sh --bootstrap-server ... --create --topic {topic}), "
+    "enable auto.create.topics.enable on the broker, or route the table elsewhere with "
+    "--topic-map/--fallback-topic"
+)
+
+
+class _LibrdkafkaLog:
+    """librdkafka's own log lines, at DEBUG: error_cb reports what users need to know,
+    once per change of state, instead of a line per failed connection attempt."""
+
+    def __init__(self) -> None:
+        self._log = logging.getLogger(f"{__name__}.librdkafka")
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        self._log.debug(msg, *args)
+
+
+def producer_settings(cfg: KafkaConfig) -> dict[str, str]:
+    """The librdkafka settings: the user's, then the ones pg2sink requires."""
+    settings = {"client.id": "pg2sink"}
+    if cfg.bootstrap_servers:
+        settings["bootstrap.servers"] = cfg.bootstrap_servers
+    for key, value in cfg.producer.reveal().items():
+        name = _SETTING_ALIASES.get(key, key)
+        required = REQUIRED_SETTINGS.get(name)
+        if required is not None and not _same_setting(name, value, required):
+            raise ConfigError(
+                f"--kafka-config {key}={value} is not supported: pg2sink needs "
+                f"{name}={required} to confirm only what Kafka holds durably, in order"
+            )
+        settings[key] = value
+    settings.update(REQUIRED_SETTINGS)
+    return settings
+
+
+def _same_setting(name: str, value: str, required: str) -> bool:
+    value = value.strip().lower()
+    if name == "acks":
+        return value in _ACKS_ALL
+    return value == required
+
+
+class KafkaSink:
+    """Sink writing records to Kafka; see the module docstring."""
+
+    def __init__(self, cfg: KafkaConfig, fmt: Format | None = None) -> None:
+        self.cfg = cfg
+        self.router = TopicRouter(cfg.topic_prefix, dict(cfg.topic_map), cfg.fallback_topic)
+        self._format = fmt
+        self.json_values = cfg.format == "json"
+        self._producer: Any = None
+        self._tables: dict[tuple[str, str], tuple[str, TableFormat]] = {}
+        self._checked_topics: set[str] = set()
+        self._acks = AckTracker()
+        #: incremented on every restart of the stream; older delivery reports are ignored
+        self._generation = 0
+        self._failure: KafkaError | None = None
+        self._failed_topic = ""
+        self._broker_down = False
+        self._reported: set[str] = set()
+        self._delivered = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create the producer (and the registry client); contacts no server yet."""
+        if self._format is None:
+            self._format = self._make_format()
+        self._producer = self._make_producer()
+        log.debug("kafka sink producing to %s", self.cfg.bootstrap_servers)
+
+    def _make_format(self) -> Format:
+        if self.cfg.format == "json":
+            return JsonFormat()
+        if not self.cfg.schema_registry_url:
+            raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")
+        from pg2sink.registry import RegistryClient
+
+        return AvroFormat(RegistryClient(self.cfg.schema_registry_url, self.cfg.registry.reveal()))
+
+    def _make_producer(self) -> Any:
+        settings: dict[str, Any] = producer_settings(self.cfg)
+        if "bootstrap.servers" not in settings:
+            raise ConfigError("--sink=kafka needs --kafka-bootstrap-servers")
+        settings["error_cb"] = self._on_error
+        settings["logger"] = _LibrdkafkaLog()
+        try:
+            return Producer(settings)
+        except (KafkaException, TypeError, ValueError) as e:
+            raise ConfigError(f"invalid --kafka-config: {_reason(e)}") from None
+
+    def close(self) -> None:
+        """Wait (bounded) for messages in flight; what is left is replayed after restart."""
+        if self._format is not None:
+            self._format.close()
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        left = producer.flush(CLOSE_WAIT)
+        if left:
+            log.warning(
+                "%d Kafka messages not delivered at close; they are not confirmed and will "
+                "be sent again after a restart",
+                left,
+            )
+        log.info("kafka sink closed: %d messages delivered", self._delivered)
+
+    # -- records ---------------------------------------------------------------------
+
+    def write(self, record: Record) -> None:
+        if self._failure is not None:
+            self._raise_failure()
+        if record.__class__ is Modification:
+            self._write_modification(record)
+        else:
+            assert isinstance(record, Schema)
+            self._write_schema(record)
+
+    def _write_schema(self, s: Schema) -> None:
+        topic = self.router.topic(s.namespace, s.name)
+        self._check_topic(topic)
+        assert self._format is not None, "the kafka sink was not opened"
+        self._tables[(s.namespace, s.name)] = (topic, self._format.table(s, topic))
+        schema_topic = self.cfg.schema_topic
+        if schema_topic:
+            self._check_topic(schema_topic)
+            key = f"{s.namespace}.{s.name}".encode()
+            self._produce(schema_topic, key, schema_line(s).rstrip(b"\n"), None)
+
+    def _write_modification(self, m: Modification) -> None:
+        entry = self._tables.get((m.namespace, m.name))
+        if entry is None:
+            raise SinkError(f"change of {m.namespace}.{m.name} before its Schema record")
+        topic, table = entry
+        row = key_row(m)
+        key = table.key(row) if row is not None else None
+        headers = [
+            ("operation", m.operation.value.encode()),
+            ("lsn", str(m.lsn).encode()),
+            ("xid", str(m.xid).encode()),
+        ]
+        self._produce(topic, key, table.value(m), headers)
+        if self.cfg.tombstones:
+            self._tombstones(m, topic, table, key, headers)
+
+    def _tombstones(
+        self,
+        m: Modification,
+        topic: str,
+        table: TableFormat,
+        key: bytes | None,
+        headers: list[tuple[str, bytes]],
+    ) -> None:
+        """Null values that let log compaction forget a key that no longer exists."""
+        if m.operation is Operation.DELETE:
+            dead = key
+        elif m.operation is Operation.UPDATE and m.before is not None:
+            old = table.key(m.before)
+            dead = old if old != key else None
+        else:
+            return
+        if dead is not None:
+            self._produce(topic, dead, None, headers)
+
+    # -- producing -------------------------------------------------------------------
+
+    def _produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]] | None,
+    ) -> None:
+        producer = self._producer
+        if producer is None:
+            raise SinkError("the kafka sink was not opened")
+        on_delivery = partial(self._on_delivery, self._generation, self._acks.next_seq(), topic)
+        while True:
+            try:
+                producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+                return
+            except BufferError:
+                self._wait_for_room()
+            except KafkaException as e:
+                # refused at once (too large, unknown topic...): handled as a failed delivery
+                self._failure, self._failed_topic = e.args[0], topic
+                self._raise_failure()
+
+    def _wait_for_room(self) -> None:
+        """The producer's queue is full: serve delivery reports until there is room."""
+        log.debug("kafka producer queue full; waiting for deliveries")
+        self._producer.poll(0.1)
+        if self._failure is not None:
+            self._raise_failure()
+
+    def _check_topic(self, topic: str) -> None:
+        """Once per topic: it exists (or the broker creates it), else a clear error."""
+        if topic in self._checked_topics:
+            return
+        deadline = time.monotonic() + TOPIC_CREATE_WAIT
+        while True:
+            error = self._topic_error(topic)
+            if error is None:
+                break
+            # A broker that creates topics on first use answers "unknown" (then "no
+            # leader") for a moment after the first metadata request created the topic.
+            waiting = error.code() in (
+                KafkaError.UNKNOWN_TOPIC_OR_PART,
+                KafkaError.LEADER_NOT_AVAILABLE,
+            )
+            if not waiting or time.monotonic() >= deadline:
+                raise self._topic_unusable(topic, error)
+            time.sleep(0.2)
+        self._checked_topics.add(topic)
+
+    def _topic_error(self, topic: str) -> KafkaError | None:
+        try:
+            metadata = self._producer.list_topics(topic, timeout=METADATA_TIMEOUT)
+        except KafkaException as e:
+            raise SinkUnavailableError(
+                f"cannot reach Kafka at {self.cfg.bootstrap_servers} to look up topic "
+                f"{topic!r}: {_reason(e)}"
+            ) from None
+        found = metadata.topics.get(topic)
+        if found is None:
+            return KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+        if found.error is None and not found.partitions:
+            return KafkaError(KafkaError.LEADER_NOT_AVAILABLE)
+        error: KafkaError | None = found.error
+        return error
+
+    def _topic_unusable(self, topic: str, error: KafkaError) -> SinkError:
+        if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return SinkError(
+                f"Kafka topic {topic!r} does not exist and the broker did not create it: "
+                + _HOW_TO_CREATE.format(topic=topic)
+            )
+        if error.code() == KafkaError.LEADER_NOT_AVAILABLE:
+            return SinkUnavailableError(f"Kafka topic {topic!r} has no leader yet")
+        return SinkError(f"Kafka topic {topic!r} cannot be used: {error.str()}")
+
+    # -- librdkafka callbacks (served by poll/flush, on this thread) -----------------
+
+    def _on_delivery(
+        self, generation: int, seq: int, topic: str, error: KafkaError | None, msg: Message
+    ) -> None:
+        if generation != self._generation:
+            return  # a message of a stream that was restarted since
+        if error is not None:
+            if self._failure is None:
+                self._failure = error
+                self._failed_topic = topic
+            return
+        self._acks.delivered(seq)
+        self._delivered += 1
+        if self._broker_down or self._reported:
+            self._reported.clear()
+            if self._broker_down:
+                self._broker_down = False
+                log.info("Kafka is reachable again; deliveries resumed")
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            if self._failure is None:
+                self._failure = error
+            log.error("Kafka producer failed: %s", error.str())
+        elif error.code() in _DOWN:
+            if not self._broker_down:
+                self._broker_down = True
+                log.warning(
+                    "Kafka at %s is unreachable (%s); messages wait in the producer queue "
+                    "for up to message.timeout.ms",
+                    self.cfg.bootstrap_servers,
+                    error.str(),
+                )
+        elif error.str() not in self._reported:
+            # once until deliveries succeed again: librdkafka repeats errors while they last
+            self._reported.add(error.str())
+            log.warning("Kafka: %s", error.str())
+
+    # -- acknowledgement -------------------------------------------------------------
+
+    def checkpoint(self, lsn: int) -> None:
+        self._acks.checkpoint(lsn)
+
+    def flush(self) -> int | None:
+        producer = self._producer
+        if producer is None:
+            return self._acks.acknowledged()
+        producer.poll(0)
+        deadline = time.monotonic() + FLUSH_WAIT
+        while self._acks.pending and self._failure is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            producer.poll(min(remaining, 0.1))
+        if self._failure is not None:
+            self._raise_failure()
+        return self._acks.acknowledged()
+
+    def acknowledged(self) -> int | None:
+        if self._producer is not None:
+            self._producer.poll(0)
+        return self._acks.acknowledged()
+
+    # -- failures --------------------------------------------------------------------
+
+    def _raise_failure(self) -> None:
+        """Raise the recorded delivery failure after resetting for a replay."""
+        error, topic = self._failure, self._failed_topic
+        assert error is not None
+        self._restart(fatal=error.fatal())
+        raise self._error(error, topic)
+
+    def _restart(self, fatal: bool) -> None:
+        """Forget this stream's messages: PostgreSQL replays from the confirmed LSN."""
+        self._generation += 1
+        self._acks = AckTracker()
+        self._tables.clear()
+        self._checked_topics.clear()
+        self._failure = None
+        if self._producer is not None:
+            # queued messages will be produced again by the replay
+            self._producer.purge(in_queue=True, in_flight=False, blocking=False)
+            if fatal:
+                # an idempotent producer that hit a fatal error accepts nothing more
+                self._producer = self._make_producer()
+
+    def _error(self, error: KafkaError, topic: str) -> SinkError:
+        text = f"Kafka did not accept a message for topic {topic!r}: {error.str()}"
+        if error.code() in _TERMINAL:
+            return SinkError(text)
+        return SinkUnavailableError(
+            f"{text}; resending from the last confirmed position (at-least-once)"
+        )
+
+
+def _reason(e: BaseException) -> str:
+    """The text of a confluent-kafka exception (a KafkaError inside) or any other."""
+    arg = e.args[0] if e.args else None
+    if isinstance(arg, KafkaError):
+        return str(arg.str())
+    return str(e)

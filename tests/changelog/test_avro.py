@@ -1,0 +1,258 @@
+"""changelog.avro: envelope and key schemas, and typed values written as Avro.
+
+Rows are decoded from PostgreSQL's text form by the real codecs (changelog.typemap), then
+encoded and read back with fastavro, as a consumer would.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Mapping
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import fastavro
+import pytest
+
+from pg2sink.catalog.types import PgType
+from pg2sink.changelog.avro import (
+    TableEncoder,
+    UnrepresentableValueError,
+    envelope_schema,
+    key_schema,
+)
+from pg2sink.changelog.records import Modification, Operation
+from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
+from pg2sink.errors import SinkError
+from pg2sink.logical.messages import UNCHANGED_TOAST
+
+SCHEMAS = Path(__file__).resolve().parent.parent.parent / "schemas"
+T = datetime(2026, 11, 21, 2, 40, 21, 811015, tzinfo=UTC)
+
+
+def builtin(name: str) -> PgType:
+    return PgType(0, name, "pg_catalog", "b", "U")
+
+
+def array_of(element: PgType) -> PgType:
+    return PgType(0, "_" + element.name, "pg_catalog", "b", "A", element=element)
+
+
+def numeric_typmod(precision: int, scale: int) -> int:
+    return ((precision << 16) | (scale & 0x7FF)) + 4
+
+
+# (column, type, typmod, is_key)
+COLUMNS: list[tuple[str, PgType, int, bool]] = [
+    ("id", builtin("int8"), -1, True),
+    ("i4", builtin("int4"), -1, False),
+    ("b", builtin("bool"), -1, False),
+    ("f8", builtin("float8"), -1, False),
+    ("f4", builtin("float4"), -1, False),
+    ("n", builtin("numeric"), numeric_typmod(10, 2), False),
+    ("nu", builtin("numeric"), -1, False),
+    ("t", builtin("text"), -1, False),
+    ("by", builtin("bytea"), -1, False),
+    ("u", builtin("uuid"), -1, False),
+    ("d", builtin("date"), -1, False),
+    ("tm", builtin("time"), -1, False),
+    ("ts", builtin("timestamp"), -1, False),
+    ("tstz", builtin("timestamptz"), -1, False),
+    ("j", builtin("jsonb"), -1, False),
+    ("ai", array_of(builtin("int4")), -1, False),
+    ("an", array_of(builtin("numeric")), numeric_typmod(6, 3), False),
+    ("order id", builtin("int4"), -1, True),
+]
+
+TEXT: dict[str, bytes] = {
+    "id": b"9000000000",
+    "i4": b"-2147483648",
+    "b": b"t",
+    "f8": b"0.1",
+    "f4": b"1.5",
+    "n": b"12345678.50",
+    "nu": b"0.00000001",
+    "t": "Zoë 🐘".encode(),
+    "by": b"\\x00ff",
+    "u": b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+    "d": b"2024-02-29",
+    "tm": b"23:59:59.999999",
+    "ts": b"2024-05-01 10:00:00.123456",
+    "tstz": b"2024-05-01 10:00:00.000001+00",
+    "j": b'{"a": [1, 2.5]}',
+    "ai": b"{1,NULL,3}",
+    "an": b"{1.500,NULL}",
+    "order id": b"7",
+}
+
+
+def row_schema() -> dict[str, Any]:
+    columns = [RowColumn(n, codec_for(t, m), k) for n, t, m, k in COLUMNS]
+    return avro_row_schema("public", "all types", columns)
+
+
+def decode_row(text: Mapping[str, bytes | None]) -> dict[str, object]:
+    codecs = {n: codec_for(t, m) for n, t, m, _ in COLUMNS}
+    return {n: None if v is None else codecs[n].decode(v) for n, v in text.items()}
+
+
+def modification(
+    after: dict[str, object] | None,
+    before: dict[str, object] | None = None,
+    op: Operation = Operation.INSERT,
+) -> Modification:
+    return Modification(T, 3, 22052544, 726, op, "public", "all types", before, after)
+
+
+def read(schema: dict[str, Any], body: bytes) -> Any:
+    parsed = fastavro.parse_schema(schema, named_schemas={})
+    return fastavro.schemaless_reader(io.BytesIO(body), parsed, parsed)
+
+
+def test_every_common_type_round_trips() -> None:
+    encoder = TableEncoder("public", "all types", row_schema())
+    body = encoder.encode_value(modification(decode_row(TEXT)))
+    got = read(encoder.value, body)
+    assert {k: got[k] for k in ("sequence", "lsn", "xid", "operation", "namespace", "name")} == {
+        "sequence": 3,
+        "lsn": 22052544,
+        "xid": 726,
+        "operation": "INSERT",
+        "namespace": "public",
+        "name": "all types",
+    }
+    assert got["timestamp"] == T
+    assert got["before"] is None and got["unchanged_toast"] == []
+    assert got["after"] == {
+        "id": 9_000_000_000,
+        "i4": -2147483648,
+        "b": True,
+        "f8": 0.1,
+        "f4": 1.5,
+        "n": Decimal("12345678.50"),
+        "nu": "0.00000001",  # an unconstrained numeric is a string with PostgreSQL's digits
+        "t": "Zoë 🐘",
+        "by": b"\x00\xff",
+        "u": UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),  # fastavro reads uuid as UUID
+        "d": date(2024, 2, 29),
+        "tm": time(23, 59, 59, 999999),
+        "ts": datetime(2024, 5, 1, 10, 0, 0, 123456),
+        "tstz": datetime(2024, 5, 1, 10, 0, 0, 1, tzinfo=UTC),
+        "j": '{"a": [1, 2.5]}',
+        "ai": [1, None, 3],
+        "an": [Decimal("1.500"), None],
+        "order_id": 7,  # the Avro field name; pg.column keeps 'order id'
+    }
+
+
+def test_nulls_and_a_key_only_before_image() -> None:
+    encoder = TableEncoder("public", "all types", row_schema())
+    nulls = decode_row(dict.fromkeys(TEXT, None))
+    got = read(encoder.value, encoder.encode_value(modification(nulls)))
+    assert set(got["after"].values()) == {None}
+    # DELETE under REPLICA IDENTITY DEFAULT: only the key columns are in `before`
+    delete = modification(None, {"id": 1, "order id": 2}, Operation.DELETE)
+    got = read(encoder.value, encoder.encode_value(delete))
+    assert got["after"] is None and got["operation"] == "DELETE"
+    assert got["before"]["id"] == 1 and got["before"]["order_id"] == 2
+    assert got["before"]["t"] is None
+
+
+def test_unchanged_toast_is_null_and_listed() -> None:
+    encoder = TableEncoder("public", "all types", row_schema())
+    after = decode_row(TEXT)
+    after["t"] = UNCHANGED_TOAST
+    after["order id"] = UNCHANGED_TOAST
+    got = read(encoder.value, encoder.encode_value(modification(after, op=Operation.UPDATE)))
+    assert got["after"]["t"] is None and got["after"]["order_id"] is None
+    assert got["unchanged_toast"] == ["t", "order_id"]
+
+
+def test_float_specials_are_ieee_values() -> None:
+    encoder = TableEncoder("public", "all types", row_schema())
+    row = decode_row({"id": b"1", "f8": b"NaN", "f4": b"-Infinity", "nu": b"NaN"})
+    after = read(encoder.value, encoder.encode_value(modification(row)))["after"]
+    assert math.isnan(after["f8"]) and after["f4"] == -math.inf
+    assert after["nu"] == "NaN"  # unconstrained numeric: a string, so the text itself
+
+
+@pytest.mark.parametrize(
+    ("column", "text", "shown"),
+    [
+        ("n", b"NaN", "'NaN'"),
+        ("d", b"infinity", "'infinity'"),
+        ("d", b"0044-03-15 BC", "'0044-03-15 BC'"),
+        ("ts", b"-infinity", "'-infinity'"),
+        ("tstz", b"12345-01-01 00:00:00+00", "'12345-01-01 00:00:00+00'"),
+        ("tm", b"24:00:00", "'24:00:00'"),
+        ("ai", b"{{1,2},{3,4}}", "[[1, 2], [3, 4]]"),
+    ],
+)
+def test_values_without_avro_representation_stop_with_a_clear_error(
+    column: str, text: bytes, shown: str
+) -> None:
+    encoder = TableEncoder("public", "all types", row_schema())
+    row = decode_row({"id": b"1", column: text})
+    with pytest.raises(UnrepresentableValueError) as e:
+        encoder.encode_value(modification(row))
+    assert isinstance(e.value, SinkError) and not e.value.retryable
+    message = str(e.value)
+    assert "public.all types" in message and repr(column) in message and shown in message
+
+
+def test_decimal_is_quantized_to_the_scale_never_rounded() -> None:
+    encoder = TableEncoder("public", "all types", row_schema())
+    got = read(encoder.value, encoder.encode_value(modification({"id": 1, "n": Decimal("1.5")})))
+    assert str(got["after"]["n"]) == "1.50"
+    with pytest.raises(UnrepresentableValueError, match="does not fit Avro decimal"):
+        encoder.encode_value(modification({"id": 1, "n": Decimal("1.505")}))
+    with pytest.raises(UnrepresentableValueError, match="does not fit Avro decimal"):
+        encoder.encode_value(modification({"id": 1, "n": Decimal("123456789.00")}))
+
+
+def test_a_wrong_python_type_is_a_sink_error_not_a_crash() -> None:
+    encoder = TableEncoder("public", "all types", row_schema())
+    with pytest.raises(SinkError, match=r"cannot encode a change of public\.all types"):
+        encoder.encode_value(modification({"id": "not a number"}))
+
+
+def test_key_schema_is_the_key_columns_record() -> None:
+    row = row_schema()
+    key_columns = [
+        RowColumn(n, codec_for(t, m), True) for n, t, m, k in COLUMNS if k
+    ]  # same order as the table: id, then "order id" (the primary key's order here)
+    assert key_schema(row) == avro_row_schema("public", "all types", key_columns, name="key")
+    encoder = TableEncoder("public", "all types", row)
+    assert encoder.key is not None
+    body = encoder.encode_key(decode_row(TEXT))
+    assert body is not None
+    assert read(encoder.key, body) == {"id": 9_000_000_000, "order_id": 7}
+
+
+def test_a_table_without_key_has_no_key_schema() -> None:
+    columns = [RowColumn("v", codec_for(builtin("text"), -1), False)]
+    row = avro_row_schema("public", "log", columns)
+    encoder = TableEncoder("public", "log", row)
+    assert key_schema(row) is None and encoder.key is None
+    assert encoder.encode_key({"v": "x"}) is None
+
+
+def test_envelope_follows_the_published_modification_schema() -> None:
+    published = json.loads((SCHEMAS / "modification.avsc").read_text())
+    envelope = envelope_schema(row_schema())
+    assert [f["name"] for f in envelope["fields"]] == [f["name"] for f in published["fields"]]
+    for ours, theirs in zip(envelope["fields"], published["fields"], strict=True):
+        if ours["name"] in ("before", "after"):
+            continue  # the published schema has a placeholder row record
+        assert ours["type"] == theirs["type"], ours["name"]
+        assert ours.get("default", "-") == theirs.get("default", "-"), ours["name"]
+    assert envelope["fields"][7]["type"][1] == row_schema()
+    assert envelope["fields"][8]["type"] == ["null", "public.all_types.value"]
+    # two versions of one table and two tables parse side by side
+    fastavro.parse_schema(envelope, named_schemas={})
+    fastavro.parse_schema(envelope, named_schemas={})
