@@ -607,6 +607,9 @@ def run_pg2sink(
         str(out),
         "--log-level",
         "warning",
+        # any free port: never clash with a pg2sink already running on this machine
+        "--metrics-address",
+        "127.0.0.1:0",
     ]
     stderr = tmp / f"pg2sink_{run}.stderr"
     rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

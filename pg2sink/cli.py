@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         g,
         "--flush-interval",
-        default="100ms",
+        default="1s",
         type=_duration,
         help="longest time between durable sink flushes (each confirms the flushed LSN) "
         "while changes keep coming; when pg2sink has caught up with the server it flushes "
@@ -300,6 +300,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=_duration,
         help="wait between --retry-initial attempts",
         metavar="DURATION",
+    )
+    g = stream.add_argument_group("observability")
+    _add(
+        g,
+        "--metrics-address",
+        default="127.0.0.1:9525",
+        help="HOST:PORT serving /health, /status, /stats and Prometheus /metrics "
+        "(port 0: any free port, logged at start; 'off': no listener)",
+        metavar="HOST:PORT",
     )
     _add_logging_options(stream)
 
@@ -366,6 +375,7 @@ def _stream_config(args: argparse.Namespace) -> StreamConfig:
         retry_initial=bool(args.retry_initial) or _bool_env("PG2SINK_RETRY_INITIAL"),
         retry_interval=args.retry_interval,
         kafka=_kafka_config(args) if args.sink == "kafka" else None,
+        metrics_address=args.metrics_address,
     )
 
 

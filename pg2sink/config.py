@@ -241,7 +241,7 @@ class StreamConfig:
     """Seconds between standby status updates to the server (at most)."""
     publication_poll_interval: float = 10.0
     """Seconds between publication membership reconciliations."""
-    flush_interval: float = 0.1
+    flush_interval: float = 1.0
     """Seconds between durable sink flushes (each flush may confirm an LSN)."""
     retry_initial: bool = False
     """Wait and retry while the slot is busy or the server unreachable at start."""
@@ -249,5 +249,7 @@ class StreamConfig:
     """Seconds between retries with --retry-initial."""
     kafka: KafkaConfig | None = None
     """Kafka sink settings (set when sink is 'kafka')."""
+    metrics_address: str = "127.0.0.1:9525"
+    """HOST:PORT of the HTTP API and Prometheus /metrics; 'off' disables it."""
     secrets: tuple[str, ...] = field(default=(), repr=False)
     """Strings that must never appear in output (passwords)."""

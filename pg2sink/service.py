@@ -19,7 +19,10 @@ from typing import TextIO
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.catalog.server import check_server, connect
 from pg2sink.config import SourceConfig, StreamConfig
-from pg2sink.errors import ConfigError, Pg2SinkError
+from pg2sink.errors import ConfigError, Pg2SinkError, SinkError
+from pg2sink.observability.http import Server, start_http_server
+from pg2sink.observability.position import server_position
+from pg2sink.observability.stats import LogCounter, StreamStats
 from pg2sink.publication.manager import PublicationManager
 from pg2sink.publication.patterns import TableFilter
 from pg2sink.sinks.base import Sink
@@ -71,24 +74,55 @@ class StreamService:
         self.stop = StopRequested()
         self.table_filter = TableFilter.from_patterns(cfg.source.tables, cfg.source.exclude_tables)
         self.started = False
+        self.http: Server | None = None
+        self.stats = StreamStats()
+        self.stats.info.update(
+            slot=cfg.source.slot,
+            publication=cfg.source.publication,
+            sink="decode-only" if cfg.decode_only else cfg.sink,
+        )
 
     def run(self) -> None:
         self.stop.install()
+        logging.getLogger().addHandler(LogCounter(self.stats))
         sink: Sink | None = None
         out: TextIO | None = None
+        http: Server | None = None
         try:
+            http = self.http = self._serve_metrics()
             if self.cfg.decode_only:
                 out = _open_output(self.cfg.file_path)
             else:
                 sink = make_sink(self.cfg)
                 sink.open()
+            self.stats.sink_up()
             self._loop(sink, out)
+        except Pg2SinkError as e:
+            self.stats.count_error(e)
+            raise
         finally:
             if sink is not None:
                 sink.close()
             if out is not None and out is not sys.stdout:
                 out.close()
+            if http is not None:
+                http.close()
             self.stop.uninstall()
+
+    def _serve_metrics(self) -> Server | None:
+        """The HTTP API and /metrics on --metrics-address ('off': none)."""
+        address = self.cfg.metrics_address
+        if address == "off":
+            return None
+        try:
+            return start_http_server(address, self.stats)
+        except ValueError as e:
+            raise ConfigError(f"invalid --metrics-address {address!r}: {e}") from None
+        except OSError as e:
+            raise ConfigError(
+                f"cannot listen on --metrics-address {address}: {e.strerror}; "
+                "pick another address, or 'off'"
+            ) from None
 
     def _loop(self, sink: Sink | None, out: TextIO | None) -> None:
         delay = self.cfg.retry_interval if not self.started else 1.0
@@ -98,8 +132,12 @@ class StreamService:
                 self._session(sink, out)
                 return
             except Pg2SinkError as e:
+                self.stats.replication_down(str(e))
+                if isinstance(e, SinkError):
+                    self.stats.sink_down(str(e))
                 if not e.retryable or not (self.started or self.cfg.retry_initial):
                     raise
+                self.stats.count_error(e)
                 if str(e) != last_error:  # log once per state change
                     log.warning("%s; retrying", e)
                     last_error = str(e)
@@ -120,29 +158,43 @@ class StreamService:
             manager = PublicationManager(
                 conn, src.publication, src.schemas, self.table_filter, src.internal_schema
             )
-            manager.reconcile()
+            stats = self.stats
+
+            def poll() -> None:
+                """Every --publication-poll-interval: membership, then the server's position."""
+                stats.publication_tables = len(manager.reconcile().members)
+                stats.set_server_position(server_position(conn, src.slot))
+
+            stats.publication_tables = len(manager.reconcile().members)
             ensure_slot(conn, src.slot)
             repl = ReplicationStream(connect(src.dsn, replication=True))
             stack.callback(repl.close)
             repl.start(src.slot, src.publication)
+            stats.replication_up()
+            stats.sink_up()
+            stats.set_server_position(server_position(conn, src.slot))
             if not self.started:
-                log.info("pg2sink is streaming")
+                if self.http is not None:
+                    log.info("pg2sink is streaming; HTTP API and /metrics on %s", self.http.url)
+                else:
+                    log.info("pg2sink is streaming")
             self.started = True
             handler: ChangeHandler
             if out is not None:
                 handler = DecodeOnlyHandler(out)
             else:
                 assert sink is not None
-                handler = ChangelogHandler(Catalog(conn), sink)
+                handler = ChangelogHandler(Catalog(conn), sink, stats)
             streamer = Streamer(
                 repl,
                 handler,
                 heartbeat_interval=self.cfg.heartbeat_interval,
                 flush_interval=self.cfg.flush_interval,
                 poll_interval=self.cfg.publication_poll_interval,
-                poll=manager.reconcile,
+                poll=poll,
                 confirm=out is None,
                 stop=self.stop,
+                stats=stats,
             )
             streamer.run()
 

@@ -126,6 +126,26 @@ def pg_conn(db: Database) -> psycopg.Connection[TupleRow]:
     return db.connect()
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment for a pg2sink process: none of the caller's PG*/PG2SINK_*
+    variables, and the HTTP listener on a free port (tests run several at once)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PG2SINK_"))}
+    env["PG2SINK_METRICS_ADDRESS"] = "127.0.0.1:0"
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m pg2sink ARGS` to completion in clean_env() plus `env`."""
+    return subprocess.run(
+        [sys.executable, "-m", "pg2sink", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean_env(), **(env or {})},
+    )
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Complete JSON lines of a file (a torn last line from a kill is ignored)."""
     if not path.exists():
@@ -196,7 +216,7 @@ def pg2sink_proc(db: Database, tmp_path: Path) -> Iterator[Callable[..., Pg2Sink
     made: list[Pg2Sink] = []
 
     def make(*extra: str, env: dict[str, str] | None = None) -> Pg2Sink:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PG2SINK_"))}
+        full_env = clean_env()
         full_env.update(
             {
                 "PG2SINK_SOURCE": db.dsn,

@@ -46,6 +46,7 @@ from pg2sink.logical.messages import (
     Type,
     Update,
 )
+from pg2sink.observability.stats import StreamStats
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class RelationState:
     """Fused bytes → dict reader for new rows (logical.fastpath), same converters."""
     schema: dict[str, Any]
     primary_key: tuple[str, ...]
+    ops: dict[str, int]
+    """Changes emitted per operation: this table's counters in StreamStats."""
 
     def decode_key(self, values: Sequence[TupleValue]) -> dict[str, object]:
         """Only the identity columns of a 'K' tuple (the others are sent as NULL)."""
@@ -82,10 +85,17 @@ class ChangelogBuilder:
     """Feed it every pgoutput message in order; it calls `emit` with records."""
 
     def __init__(
-        self, catalog: CatalogLookup, emit: Callable[[Record], None], json_values: bool = False
+        self,
+        catalog: CatalogLookup,
+        emit: Callable[[Record], None],
+        json_values: bool = False,
+        stats: StreamStats | None = None,
     ) -> None:
         self.catalog = catalog
         self.emit = emit
+        self.stats = stats
+        #: pgoutput messages fed, by tag byte (the stream folds them into its stats)
+        self.tag_counts = [0] * 256
         #: decode row values to their JSON form (for JSON sinks) instead of Python values
         self.json_values = json_values
         self.relations: dict[int, RelationState] = {}
@@ -106,18 +116,21 @@ class ChangelogBuilder:
         """
         data = payload if payload.__class__ is bytes else bytes(payload)
         tag = data[0] if data else 0  # an empty message fails in decode() below
+        self.tag_counts[tag] += 1
         if tag in _NEW_ROW_OPERATIONS and len(data) > 6:
             rel = self.relations.get(relation_id(data, 1)[0])
             if rel is not None:
                 after = rel.read_new(data)
                 if after is not None:
+                    op = _NEW_ROW_OPERATIONS[tag]
+                    rel.ops[op] += 1
                     self.emit(
                         Modification(
                             self.commit_time,
                             self.sequence,
                             lsn,
                             self.xid,
-                            _NEW_ROW_OPERATIONS[tag],
+                            op,
                             rel.namespace,
                             rel.name,
                             None,
@@ -133,7 +146,7 @@ class ChangelogBuilder:
                 return 0
             end_lsn = commit_end_lsn(data)
             if end_lsn is not None:
-                self.in_transaction = False
+                self._commit(end_lsn)
                 return end_lsn
         msg = decode(data)
         self.handle(msg, lsn)
@@ -155,7 +168,8 @@ class ChangelogBuilder:
             assert isinstance(msg, Begin)
             self._begin(lsn, msg.commit_time, msg.xid)
         elif cls is Commit:
-            self.in_transaction = False
+            assert isinstance(msg, Commit)
+            self._commit(msg.end_lsn)
         elif cls is Relation:
             assert isinstance(msg, Relation)
             self._relation(msg, lsn)
@@ -169,6 +183,11 @@ class ChangelogBuilder:
             pass  # not published as records (yet); see README "Records"
         else:
             raise DecodeError(f"unexpected message {cls.__name__} in the change stream")
+
+    def _commit(self, end_lsn: int) -> None:
+        self.in_transaction = False
+        if self.stats is not None:  # starts the transaction's lag clock
+            self.stats.commit_received(end_lsn, self.commit_time)
 
     def _begin(self, lsn: int, commit_time: int, xid: int) -> None:
         self.xid = xid
@@ -210,6 +229,11 @@ class ChangelogBuilder:
             key_indexes=tuple(i for i, c in enumerate(msg.columns) if c.is_key),
             decoder=RowDecoder(names, converters),
             read_new=compile_row_reader(names, converters),
+            ops=(
+                self.stats.table_changes(msg.namespace, msg.name)
+                if self.stats is not None
+                else dict.fromkeys(Operation, 0)
+            ),
             schema=schema,
             primary_key=primary_key,
         )
@@ -253,6 +277,7 @@ class ChangelogBuilder:
         before: dict[str, object] | None,
         after: dict[str, object] | None,
     ) -> None:
+        rel.ops[op] += 1
         self.emit(
             Modification(
                 self.commit_time,
@@ -269,22 +294,9 @@ class ChangelogBuilder:
         self.sequence += 1
 
     def _insert(self, msg: Insert, lsn: int) -> None:
-        # The most frequent path of all: written out without helper calls.
-        rel = self.relations.get(msg.relation_id) or self._rel(msg.relation_id)
-        self.emit(
-            Modification(
-                self.commit_time,
-                self.sequence,
-                lsn,
-                self.xid,
-                Operation.INSERT,
-                rel.namespace,
-                rel.name,
-                None,
-                rel.decoder.decode(msg.new),
-            )
-        )
-        self.sequence += 1
+        # Most inserts take feed()'s fast path; this is the general one.
+        rel = self._rel(msg.relation_id)
+        self._modification(rel, Operation.INSERT, lsn, None, rel.decoder.decode(msg.new))
 
     def _update(self, msg: Update, lsn: int) -> None:
         rel = self.relations.get(msg.relation_id) or self._rel(msg.relation_id)

@@ -277,5 +277,5 @@ def start_http_server(
     httpd = Bound((host, port), _Handler)
     httpd.app = _App(stats, registry if registry is not None else make_registry(stats), redact)
     server = Server(httpd)
-    log.info("HTTP API listening on %s (/health /status /stats /metrics)", server.url)
+    log.debug("HTTP API listening on %s (/health /status /stats /metrics)", server.url)
     return server

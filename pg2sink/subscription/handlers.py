@@ -15,18 +15,24 @@ from pg2sink.logical.decoder import decode
 from pg2sink.logical.lsn import format_lsn
 from pg2sink.logical.messages import Begin, Commit, PgOutputMessage, Relation
 from pg2sink.logical.render import render
+from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.base import Sink
 
 
 class ChangelogHandler:
     """pgoutput messages → Schema/Modification records → sink."""
 
-    def __init__(self, catalog: CatalogLookup, sink: Sink) -> None:
+    def __init__(
+        self, catalog: CatalogLookup, sink: Sink, stats: StreamStats | None = None
+    ) -> None:
         self.sink = sink
-        self.builder = ChangelogBuilder(catalog, sink.write, json_values=sink.json_values)
+        self.builder = ChangelogBuilder(
+            catalog, sink.write, json_values=sink.json_values, stats=stats
+        )
         # bound once: these run per change and per commit
         self.feed = self.builder.feed
         self.checkpoint = sink.checkpoint
+        self.tag_counts = self.builder.tag_counts
 
     @property
     def in_transaction(self) -> bool:
@@ -46,12 +52,15 @@ class DecodeOnlyHandler:
         self.out = out
         self.relations: dict[int, Relation] = {}
         self._in_transaction = False
+        self.tag_counts = [0] * 256
 
     @property
     def in_transaction(self) -> bool:
         return self._in_transaction
 
     def feed(self, payload: bytes | memoryview, lsn: int) -> int:
+        if payload:
+            self.tag_counts[payload[0]] += 1
         msg = decode(payload)
         self.handle(msg, lsn)
         return msg.end_lsn if isinstance(msg, Commit) else 0

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Protocol
 
+from pg2sink.logical.decoder import MessageTag
 from pg2sink.logical.lsn import format_lsn, now_pg_timestamp
 from pg2sink.logical.replication import (
     XLOG_DATA_HEADER,
@@ -32,6 +33,7 @@ from pg2sink.logical.replication import (
     parse_copy_data,
     standby_status_update,
 )
+from pg2sink.observability.stats import StreamStats
 from pg2sink.subscription.replication import ReplicationStream
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 #: Check the clock once per this many messages while data keeps arriving.
 _HOUSEKEEPING_EVERY = 512
 _XLOG_DATA_TAG = int(CopyDataTag.XLOG_DATA)
+#: (tag byte, name in StreamStats.messages) of the pgoutput messages counted
+_TAG_NAMES = tuple((int(tag), tag.name.lower()) for tag in MessageTag)
 
 
 class ChangeHandler(Protocol):
@@ -48,6 +52,10 @@ class ChangeHandler(Protocol):
         """Process one pgoutput message that started at `lsn`; return the transaction's
         end LSN if it was a Commit, else 0."""
         ...
+
+    #: pgoutput messages fed so far, by tag byte; the stream moves them into its
+    #: stats (and zeroes them) at housekeeping, off the per-message path
+    tag_counts: list[int]
 
     @property
     def in_transaction(self) -> bool: ...
@@ -115,6 +123,7 @@ class Streamer:
         confirm: bool = True,
         stop: StopRequested | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stats: StreamStats | None = None,
     ) -> None:
         self.stream = stream
         self.handler = handler
@@ -137,6 +146,10 @@ class Streamer:
         self._next_status = 0.0
         self._next_poll = 0.0
         self.messages = 0
+        #: counters for metrics and the HTTP API (a private one when none is given)
+        self.stats = stats if stats is not None else StreamStats()
+        #: changes counted in stats at the previous flush (records per flush)
+        self._changes_at_flush = 0
         #: time spent waiting for the server (the rest is pg2sink's own work)
         self.idle_seconds = 0.0
 
@@ -207,6 +220,7 @@ class Streamer:
             self.handler.checkpoint(lsn)
 
     def _keepalive(self, ka: PrimaryKeepalive) -> None:
+        self.stats.heartbeats += 1
         if ka.wal_end > self.received_lsn:
             self.received_lsn = ka.wal_end
         if not self.handler.in_transaction:
@@ -223,9 +237,24 @@ class Streamer:
         deadlines = [self._next_flush, self._next_status]
         if self.poll is not None:
             deadlines.append(self._next_poll)
+        if self.checkpointed_lsn > self.flushed_lsn:
+            # something waits for an early flush that its spacing has held back
+            deadlines.append(self._last_flush + self.flush_interval / 10)
         return min(deadlines) - self.clock()
 
+    def _fold_counters(self) -> None:
+        """Move the per-tag message counts and positions into stats (off the hot path)."""
+        messages = self.stats.messages
+        counts = self.handler.tag_counts
+        for tag, name in _TAG_NAMES:
+            if counts[tag]:
+                messages[name] = messages.get(name, 0) + counts[tag]
+                counts[tag] = 0
+        if self.received_lsn > self.stats.received_lsn:
+            self.stats.received_lsn = self.received_lsn
+
     def _housekeeping(self, now: float) -> None:
+        self._fold_counters()
         if now >= self._next_flush:
             self._flush()
             self._next_flush = now + self.flush_interval
@@ -237,10 +266,16 @@ class Streamer:
 
     def _flush(self) -> None:
         self.flushed_lsn = self.checkpointed_lsn
-        self._last_flush = self.clock()
+        started = self._last_flush = self.clock()
         acked = self.handler.flush()
+        stats = self.stats
+        changes = sum(sum(ops.values()) for ops in stats.tables.values())
+        stats.observe_flush(self.clock() - started, changes - self._changes_at_flush)
+        self._changes_at_flush = changes
         if acked is not None and acked > self.confirmed_lsn:
             self.confirmed_lsn = acked
+        if self.confirm and acked is not None:
+            stats.acknowledge(acked)
 
     def _send_status(self, now: float, force: bool = False) -> None:
         if not force and now < self._next_status and self.confirmed_lsn == self._reported_lsn:
@@ -257,12 +292,17 @@ class Streamer:
 
     def shutdown(self) -> None:
         """Final flush and status, so a clean stop loses and repeats nothing."""
+        self._fold_counters()
         self._flush()
         self._send_status(self.clock(), force=True)
+        flushes = self.stats.flush_seconds
         log.info(
-            "stopped: %d messages, %.1fs waiting for the server; received up to %s, confirmed %s",
+            "stopped: %d messages, %.1fs waiting for the server, %d flushes taking %.2fs; "
+            "received up to %s, confirmed %s",
             self.messages,
             self.idle_seconds,
+            flushes.count,
+            flushes.sum,
             format_lsn(self.received_lsn),
             format_lsn(self.confirmed_lsn) if self.confirm else "nothing (--decode-only)",
         )

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -46,6 +44,7 @@ from pg2sink.sinks.kafka.formats import modification_json
 from pg2sink.sinks.kafka.sink import producer_settings
 from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
 from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for
+from tests.conftest import run_cli as conftest_run_cli
 
 Proc = Callable[..., Pg2Sink]
 
@@ -143,14 +142,8 @@ def test_json_value_is_the_file_sink_line(tmp_path: Path) -> None:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PG2SINK_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "pg2sink", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**base, "PGHOST": "127.0.0.1", "PGPORT": "1", **(env or {})},
-    )
+    # no server at all: configuration errors must come before any connection
+    return conftest_run_cli(*args, env={"PGHOST": "127.0.0.1", "PGPORT": "1", **(env or {})})
 
 
 SINK = ["--sink", "kafka", "--kafka-bootstrap-servers", "b:1"]

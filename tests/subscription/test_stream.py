@@ -6,8 +6,6 @@ import base64
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time as time_module
 from collections.abc import Callable
@@ -21,7 +19,7 @@ import pytest
 import services
 from psycopg.types.json import Jsonb
 
-from tests.conftest import Database, Pg2Sink, read_jsonl, wait_for
+from tests.conftest import Database, Pg2Sink, read_jsonl, run_cli, wait_for
 
 Proc = Callable[..., Pg2Sink]
 
@@ -387,16 +385,6 @@ def test_busy_slot_is_an_error_unless_retry_initial(
     conn.execute("INSERT INTO t VALUES (42)")
     wait_for(lambda: modifications(tmp_path / "c.jsonl"), what="the standby to stream")
     standby.stop()
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pg2sink", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
 
 
 def test_unreachable_server_exits_2_with_one_clear_line() -> None:
