@@ -9,6 +9,7 @@ line on stderr and exit with code 2.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -29,7 +30,7 @@ from pg2sink.errors import ConfigError, Pg2SinkError
 
 log = logging.getLogger(__name__)
 
-COMMANDS = ("stream", "drop")
+COMMANDS = ("stream", "drop", "status")
 EXIT_USAGE = 2
 
 # Secrets registered for redaction: logs redact them (logs.add_secret), and so does the
@@ -320,6 +321,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_source_options(drop)
     _add_logging_options(drop)
+
+    status = sub.add_parser(
+        "status",
+        help="show the slot, the publication's tables and the imports, then exit",
+        description="Show the replication slot (active, confirmed LSN, lag and WAL retained "
+        "on the server), the publication's tables and the import jobs, read from PostgreSQL.",
+    )
+    _add_source_options(status)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_logging_options(status)
     return parser
 
 
@@ -392,6 +403,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(_normalise_argv(sys.argv[1:] if argv is None else argv))
         logs.setup(args.log_level, args.log_format)
+        if args.command == "status":
+            from pg2sink import status as status_cmd
+
+            result = status_cmd.collect(_source_config(args))
+            if args.json:
+                print(json.dumps(status_cmd.as_json(result), indent=2))
+            else:
+                print(status_cmd.render(result))
+            return 0
         if args.command == "drop":
             from pg2sink.service import run_drop
 

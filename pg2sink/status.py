@@ -1,0 +1,118 @@
+"""`pg2sink status`: the slot, the publication and the imports, read from PostgreSQL.
+
+Everything comes from the server's catalog and statistics views, so it works
+whether or not a pg2sink is running (and from another host): a readable
+summary by default, `--json` for scripts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from pg2sink.catalog.server import connect
+from pg2sink.config import SourceConfig
+from pg2sink.logical.lsn import format_lsn
+from pg2sink.publication.manager import publication_exists, publication_members
+
+_SLOT = """
+SELECT active, active_pid, confirmed_flush_lsn - '0/0', restart_lsn - '0/0',
+       pg_current_wal_lsn() - confirmed_flush_lsn, pg_current_wal_lsn() - restart_lsn,
+       wal_status
+FROM pg_replication_slots WHERE slot_name = %s
+"""
+
+
+@dataclass
+class SlotStatus:
+    name: str
+    exists: bool
+    active: bool = False
+    active_pid: int | None = None
+    confirmed_lsn: str | None = None
+    lag_bytes: int | None = None
+    """Server WAL position minus the confirmed position: what pg2sink has yet to confirm."""
+    wal_retained_bytes: int | None = None
+    """Server WAL position minus restart_lsn: WAL the slot keeps on the server's disk."""
+    wal_status: str | None = None
+
+
+@dataclass
+class Status:
+    slot: SlotStatus
+    publication: str
+    publication_exists: bool
+    tables: list[str] = field(default_factory=list)
+    imports: list[dict[str, Any]] = field(default_factory=list)
+    """Import jobs; empty until the import engine (pg2sink import) exists."""
+
+
+def slot_status(conn: psycopg.Connection[TupleRow], name: str) -> SlotStatus:
+    row = conn.execute(_SLOT, (name,)).fetchone()
+    if row is None:
+        return SlotStatus(name=name, exists=False)
+    active, pid, confirmed, _restart, lag, retained, wal_status = row
+    return SlotStatus(
+        name=name,
+        exists=True,
+        active=bool(active),
+        active_pid=pid,
+        confirmed_lsn=format_lsn(int(confirmed)) if confirmed is not None else None,
+        lag_bytes=int(lag) if lag is not None else None,
+        wal_retained_bytes=int(retained) if retained is not None else None,
+        wal_status=wal_status,
+    )
+
+
+def collect(src: SourceConfig) -> Status:
+    conn = connect(src.dsn, application_name="pg2sink status")
+    try:
+        exists = publication_exists(conn, src.publication)
+        tables = [t.qualified for t in publication_members(conn, src.publication)] if exists else []
+        return Status(
+            slot=slot_status(conn, src.slot),
+            publication=src.publication,
+            publication_exists=exists,
+            tables=tables,
+        )
+    finally:
+        conn.close()
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def render(status: Status) -> str:
+    """The readable form: one line per fact, tables indented."""
+    s = status.slot
+    if not s.exists:
+        slot = f"slot {s.name}: does not exist (pg2sink stream creates it)"
+    else:
+        state = f"active (pid {s.active_pid})" if s.active else "inactive"
+        slot = (
+            f"slot {s.name}: {state}, confirmed {s.confirmed_lsn}, "
+            f"lag {_size(s.lag_bytes)}, WAL retained {_size(s.wal_retained_bytes)}"
+            + (f" ({s.wal_status})" if s.wal_status else "")
+        )
+    lines = [slot]
+    if status.publication_exists:
+        lines.append(f"publication {status.publication}: {len(status.tables)} tables")
+        lines += [f"  {t}" for t in status.tables]
+    else:
+        lines.append(f"publication {status.publication}: does not exist")
+    lines.append("imports: none")
+    return "\n".join(lines)
+
+
+def as_json(status: Status) -> dict[str, Any]:
+    return asdict(status)
