@@ -122,6 +122,8 @@ class ChangelogBuilder:
             if rel is not None:
                 after = rel.read_new(data)
                 if after is not None:
+                    # self._modification(rel, op, lsn, None, after) written out: this
+                    # is the once-per-change path, and a call costs ~2% of it
                     op = _NEW_ROW_OPERATIONS[tag]
                     rel.ops[op] += 1
                     self.emit(
