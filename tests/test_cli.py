@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -96,7 +99,19 @@ def test_password_never_appears_in_logs_or_records(
     p.wait_streaming()
     conn.execute("INSERT INTO t VALUES (1, 'hello')")
     wait_for(lambda: read_jsonl(out), what="the insert")
+    # every HTTP endpoint, metrics included, while it runs
+    match = re.search(r"/metrics on (http://\S+)", p.stderr())
+    assert match, p.stderr()
+    served = ""
+    for path in ("/metrics", "/stats", "/status", "/health"):
+        try:
+            with urllib.request.urlopen(match.group(1) + path, timeout=10) as resp:
+                served += resp.read().decode()
+        except urllib.error.HTTPError as e:  # /status may answer 500 with a JSON body
+            served += e.read().decode()
     p.stop()
+    assert "pg2sink_changes_total" in served
+    assert secret not in served
     assert "pg2sink is streaming" in p.stderr()
     assert secret not in p.stderr()
     assert secret not in out.read_text()
