@@ -42,6 +42,14 @@ Method
    can overstate it, as Linux carries the forking parent's peak across exec).
    The output must hold exactly the expected number of Modification lines.
 
+6. `--sink kafka` (or `both`) also starts a Kafka broker and Apicurio Registry
+   (scripts/services.py) in the temporary directory and runs pg2sink with
+   `--sink kafka` (Avro, acks=all, idempotent) on slots
+   `bench_pg2sink_kafka_1..N`, a fresh `--topic-prefix` per run. It is timed
+   the same way (pg2sink confirms only what the broker acknowledged); then the
+   topic must hold exactly the expected number of messages (high minus low
+   watermark over its partitions). Target: ratio >= 0.6.
+
 Report: every run's seconds and changes/s, then per consumer the median of
 changes/s, seconds, start-up, client CPU, walsender CPU and output size, and
 the maximum peak RSS. The ratio checked against the target is
@@ -78,6 +86,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -94,6 +103,7 @@ TABLE = "bench"
 PUBLICATION = "bench_pub"
 RECVLOGICAL_SLOT = "bench_recvlogical"  # runs use bench_recvlogical_1..N
 PG2SINK_SLOT = "bench_pg2sink"  # runs use bench_pg2sink_1..N
+PG2SINK_KAFKA_SLOT = "bench_pg2sink_kafka"  # --sink kafka|both: bench_pg2sink_kafka_1..N
 DEFAULT_REPEAT = 3
 
 FULL_INSERT_ROWS = 500_000
@@ -104,6 +114,7 @@ SMALL_TXNS_PER_ROUND_TRIP = 100
 
 POLL_SECONDS = 0.05
 TARGET_RATIO = 0.8
+TARGET_RATIO_KAFKA = 0.6
 TARGET_RSS_MIB = 300.0
 MODIFICATION_MARK = b'"kind":"modification"'
 
@@ -211,7 +222,7 @@ def slot_name(prefix: str, run: int) -> str:
     return f"{prefix}_{run}"
 
 
-def setup_schema(conn: Conn, repeat: int) -> None:
+def setup_schema(conn: Conn, repeat: int, prefixes: Sequence[str]) -> None:
     """The table, the publication and every run's slot, before any change is made."""
     conn.execute(
         sql.SQL(
@@ -226,12 +237,13 @@ def setup_schema(conn: Conn, repeat: int) -> None:
     )
     row = conn.execute("SELECT current_setting('max_replication_slots')::int").fetchone()
     assert row is not None
-    if 2 * repeat > row[0]:
+    needed = len(prefixes) * repeat
+    if needed > row[0]:
         raise BenchError(
-            f"--repeat {repeat} needs {2 * repeat} slots; max_replication_slots is {row[0]}"
+            f"--repeat {repeat} needs {needed} slots; max_replication_slots is {row[0]}"
         )
     for run in range(1, repeat + 1):
-        for prefix in (RECVLOGICAL_SLOT, PG2SINK_SLOT):
+        for prefix in prefixes:
             conn.execute(
                 "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
                 (slot_name(prefix, run),),
@@ -577,6 +589,52 @@ def count_modifications(path: Path) -> tuple[int, int]:
     return modifications, lines
 
 
+@dataclass(frozen=True)
+class KafkaTarget:
+    """The broker and registry pg2sink's Kafka sink writes to in this bench."""
+
+    bootstrap_servers: str
+    registry_url: str
+    data: Path  # the broker's log.dirs, to measure a topic's size on disk
+
+
+def topic_message_count(bootstrap_servers: str, topic: str, timeout: float = 30.0) -> int:
+    """Messages in `topic`: high minus low watermark, summed over its partitions."""
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import TopicPartition
+
+    consumer = KafkaConsumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"pg2sink-bench-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout)
+        partitions = meta.topics.get(topic)
+        if partitions is None or partitions.error is not None or not partitions.partitions:
+            raise BenchError(f"topic {topic} not found on {bootstrap_servers}")
+        total = 0
+        for p in partitions.partitions:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=timeout, cached=False
+            )
+            total += high - low
+        return total
+    finally:
+        consumer.close()
+
+
+def topic_bytes(data: Path, topic: str) -> int:
+    """Size of a topic's log segments (`<topic>-<n>/*.log` in log.dirs).
+
+    Only the .log files: Kafka preallocates its index files (10 MiB each).
+    Topic names hold only [a-zA-Z0-9._-], so the name is a literal glob.
+    """
+    return sum(f.stat().st_size for f in data.glob(f"{topic}-*/*.log") if f.is_file())
+
+
 def run_pg2sink(
     dsn: str,
     run: int,
@@ -585,9 +643,29 @@ def run_pg2sink(
     timeout: float,
     watch: Conn,
     profile: Path | None,
+    kafka: KafkaTarget | None = None,
 ) -> Consumer:
-    slot = slot_name(PG2SINK_SLOT, run)
+    """One pg2sink run: --sink file, or --sink kafka when `kafka` is given."""
+    label = "pg2sink_kafka" if kafka is not None else "pg2sink"
+    slot = slot_name(PG2SINK_KAFKA_SLOT if kafka is not None else PG2SINK_SLOT, run)
     out = tmp / f"pg2sink_{run}.jsonl"
+    # A fresh prefix per run: every run's topic starts empty.
+    prefix = f"bench{run}_{uuid.uuid4().hex[:8]}"
+    topic = f"{prefix}.public.{TABLE}"
+    sink_args = (
+        ["--sink", "file", "--file-path", str(out)]
+        if kafka is None
+        else [
+            "--sink",
+            "kafka",
+            "--kafka-bootstrap-servers",
+            kafka.bootstrap_servers,
+            "--schema-registry-url",
+            kafka.registry_url,
+            "--topic-prefix",
+            prefix,
+        ]
+    )
     python = [sys.executable]
     if profile is not None:
         python += ["-m", "cProfile", "-o", str(profile)]
@@ -601,19 +679,16 @@ def run_pg2sink(
         slot,
         "--publication",
         PUBLICATION,
-        "--sink",
-        "file",
-        "--file-path",
-        str(out),
+        *sink_args,
         "--log-level",
         "warning",
         # any free port: never clash with a pg2sink already running on this machine
         "--metrics-address",
         "127.0.0.1:0",
     ]
-    stderr = tmp / f"pg2sink_{run}.stderr"
+    stderr = tmp / f"{label}_{run}.stderr"
     rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    child = Child.spawn(argv, tmp / f"pg2sink_{run}.stdout", stderr)
+    child = Child.spawn(argv, tmp / f"{label}_{run}.stdout", stderr)
     startup: float | None = None
     walsender_cpu: float | None = None
     peak_kib: int | None = None
@@ -648,14 +723,25 @@ def run_pg2sink(
         after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         peak_kib = after if after > rusage_before else None
 
-    modifications, lines = count_modifications(out)
-    if modifications != workload.changes:
-        raise BenchError(
-            f"pg2sink run {run} wrote {modifications} Modification lines to {out}, expected "
-            f"{workload.changes} ({lines} lines in all)"
-        )
+    if kafka is None:
+        modifications, lines = count_modifications(out)
+        output_bytes = out.stat().st_size
+        if modifications != workload.changes:
+            raise BenchError(
+                f"pg2sink run {run} wrote {modifications} Modification lines to {out}, "
+                f"expected {workload.changes} ({lines} lines in all)"
+            )
+    else:
+        # Only Modification records go to a table's topic (no --schema-topic).
+        modifications = lines = topic_message_count(kafka.bootstrap_servers, topic)
+        output_bytes = topic_bytes(kafka.data, topic)
+        if modifications != workload.changes:
+            raise BenchError(
+                f"pg2sink --sink kafka run {run} left {modifications} messages on topic "
+                f"{topic}, expected {workload.changes}"
+            )
     return Consumer(
-        name="pg2sink",
+        name="pg2sink kafka" if kafka is not None else "pg2sink",
         run=run,
         slot=slot,
         command=argv,
@@ -665,7 +751,7 @@ def run_pg2sink(
         client_cpu_seconds=child.cpu_seconds,
         walsender_cpu_seconds=walsender_cpu,
         peak_rss_mib=peak_kib / 1024 if peak_kib else None,
-        output_bytes=out.stat().st_size,
+        output_bytes=output_bytes,
         extra={"lines": lines, "stderr_tail": _tail(stderr, 10) if stderr.stat().st_size else ""},
     )
 
@@ -745,25 +831,35 @@ def summarize(runs: Sequence[Consumer]) -> dict[str, Any]:
     }
 
 
+#: The ratio target of each pg2sink consumer (by Consumer.name).
+RATIO_TARGETS = {"pg2sink": TARGET_RATIO, "pg2sink kafka": TARGET_RATIO_KAFKA}
+
+
 def report(
     workload: Workload,
     recvs: Sequence[Consumer],
-    sinks: Sequence[Consumer],
+    sink_runs: dict[str, list[Consumer]],
     info: dict[str, Any],
     profiled: bool,
 ) -> dict[str, Any]:
+    """Print the tables and targets; `sink_runs` maps each pg2sink consumer to its runs."""
     repeat = len(recvs)
-    summaries = {"pg_recvlogical": summarize(recvs), "pg2sink": summarize(sinks)}
-    ratio = (
-        summaries["pg2sink"]["changes_per_second_median"]
-        / summaries["pg_recvlogical"]["changes_per_second_median"]
-    )
-    run_ratios = [
-        s.changes_per_second / r.changes_per_second for r, s in zip(recvs, sinks, strict=True)
-    ]
-    rss = summaries["pg2sink"]["peak_rss_mib_max"]
-    ratio_ok = ratio >= TARGET_RATIO
-    rss_ok = rss is not None and rss < TARGET_RSS_MIB
+    summaries = {"pg_recvlogical": summarize(recvs)}
+    summaries.update({name: summarize(runs) for name, runs in sink_runs.items()})
+    recv_median = summaries["pg_recvlogical"]["changes_per_second_median"]
+    ratios = {
+        name: summaries[name]["changes_per_second_median"] / recv_median for name in sink_runs
+    }
+    run_ratios = {
+        name: [
+            s.changes_per_second / r.changes_per_second for r, s in zip(recvs, runs, strict=True)
+        ]
+        for name, runs in sink_runs.items()
+    }
+    rss = {name: summaries[name]["peak_rss_mib_max"] for name in sink_runs}
+    ratio_ok = {name: ratios[name] >= RATIO_TARGETS[name] for name in sink_runs}
+    rss_ok = {name: rss[name] is not None and rss[name] < TARGET_RSS_MIB for name in sink_runs}
+    first = next(iter(sink_runs.values()))
 
     print()
     print(f"bench: {shlex.join([sys.executable, *sys.argv])}")
@@ -779,29 +875,33 @@ def report(
         f"{workload.update_seconds:.1f}s, small txns {workload.small_seconds:.1f}s"
     )
     print(
-        f"runs: {repeat} of each consumer, alternating (pg_recvlogical 1, pg2sink 1, ...), "
+        f"runs: {repeat} of each consumer, alternating (pg_recvlogical 1, "
+        f"{', '.join(f'{name} 1' for name in sink_runs)}, ...), "
         "each on its own slot created before the workload"
     )
-    for c in (recvs[0], sinks[0]):
+    for c in (recvs[0], *(runs[0] for runs in sink_runs.values())):
         print(f"{c.name} command (run 1; run i uses slot and output _i): {shlex.join(c.command)}")
     if profiled:
         print(
-            "NOTE: pg2sink run 1 (*) ran under cProfile: its time and RSS are inflated "
-            "and still count in the summary"
+            f"NOTE: {first[0].name} run 1 (*) ran under cProfile: its time and RSS are "
+            "inflated and still count in the summary"
         )
     print()
-    header = (
-        f"{'run':>3} {'pg_recvlogical s':>16} {'changes/s':>10} "
-        f"{'pg2sink s':>10} {'changes/s':>10} {'ratio':>6}"
-    )
+    header = f"{'run':>3} {'pg_recvlogical s':>16} {'changes/s':>10}"
+    for name in sink_runs:
+        header += f" {name + ' s':>16} {'changes/s':>10} {'ratio':>6}"
     print(header)
     print("-" * len(header))
-    for r, s, run_ratio in zip(recvs, sinks, run_ratios, strict=True):
-        mark = "*" if profiled and s.run == 1 else " "
-        print(
-            f"{r.run:>3} {r.seconds:>16.2f} {r.changes_per_second:>10,.0f} "
-            f"{s.seconds:>9.2f}{mark} {s.changes_per_second:>10,.0f} {run_ratio:>6.2f}"
-        )
+    for i, r in enumerate(recvs):
+        line = f"{r.run:>3} {r.seconds:>16.2f} {r.changes_per_second:>10,.0f}"
+        for name, runs in sink_runs.items():
+            s = runs[i]
+            mark = "*" if profiled and s is first[0] else " "
+            line += (
+                f" {s.seconds:>15.2f}{mark} {s.changes_per_second:>10,.0f} "
+                f"{run_ratios[name][i]:>6.2f}"
+            )
+        print(line)
     print()
     header = (
         f"{'consumer':<15} {'changes':>9} {'seconds':>8} {'changes/s':>10} "
@@ -821,19 +921,45 @@ def report(
             f"{m['output_bytes_median'] / 2**20:>10.1f}"
         )
     print(f"(medians of {repeat} runs; peak RSS is the maximum)")
+    if "pg2sink kafka" in sink_runs:
+        print("(pg2sink kafka output: the topic's log segments on the broker's disk)")
     print()
-    print(
-        f"pg2sink / pg_recvlogical, median changes/s: {ratio:.2f}   "
-        f"target >= {TARGET_RATIO}: {'PASS' if ratio_ok else 'MISS'}   "
-        f"(per-run ratio min {min(run_ratios):.2f}, max {max(run_ratios):.2f})"
-    )
-    print(
-        f"pg2sink peak RSS (max of {repeat} runs): {_fmt(rss, '.1f')} MiB   "
-        f"target < {TARGET_RSS_MIB:.0f} MiB: {'PASS' if rss_ok else 'MISS'}"
-    )
-    for s in sinks:
-        if s.extra.get("stderr_tail"):
-            print(f"pg2sink run {s.run} stderr (tail):\n{s.extra['stderr_tail']}")
+    for name in sink_runs:
+        print(
+            f"{name} / pg_recvlogical, median changes/s: {ratios[name]:.2f}   "
+            f"target >= {RATIO_TARGETS[name]}: {'PASS' if ratio_ok[name] else 'MISS'}   "
+            f"(per-run ratio min {min(run_ratios[name]):.2f}, "
+            f"max {max(run_ratios[name]):.2f})"
+        )
+    for name in sink_runs:
+        print(
+            f"{name} peak RSS (max of {repeat} runs): {_fmt(rss[name], '.1f')} MiB   "
+            f"target < {TARGET_RSS_MIB:.0f} MiB: {'PASS' if rss_ok[name] else 'MISS'}"
+        )
+    for runs in sink_runs.values():
+        for s in runs:
+            if s.extra.get("stderr_tail"):
+                print(f"{s.name} run {s.run} stderr (tail):\n{s.extra['stderr_tail']}")
+
+    def targets(name: str) -> dict[str, Any]:
+        return {
+            "ratio_min": RATIO_TARGETS[name],
+            "ratio_pass": ratio_ok[name],
+            "rss_max_mib": TARGET_RSS_MIB,
+            "rss_pass": rss_ok[name],
+        }
+
+    def ratio_summary(name: str) -> dict[str, Any]:
+        return {
+            "ratio": ratios[name],
+            "ratio_definition": f"median {name} changes/s / median pg_recvlogical changes/s",
+            "run_ratio_min": min(run_ratios[name]),
+            "run_ratio_max": max(run_ratios[name]),
+        }
+
+    # With --sink file the JSON keeps its original shape (ratio and targets at
+    # the top of `summary` and `targets`); other sinks add a section each.
+    main_name = "pg2sink" if "pg2sink" in sink_runs else next(iter(sink_runs))
     return {
         "command": [sys.executable, *sys.argv],
         "machine": info,
@@ -842,24 +968,21 @@ def report(
         "runs": [
             {
                 "run": r.run,
-                "ratio": run_ratio,
+                "ratio": run_ratios[main_name][i],
                 "pg_recvlogical": _as_dict(r),
-                "pg2sink": _as_dict(s),
+                **{name: _as_dict(runs[i]) for name, runs in sink_runs.items()},
+                **{f"{name} ratio": run_ratios[name][i] for name in sink_runs if name != main_name},
             }
-            for r, s, run_ratio in zip(recvs, sinks, run_ratios, strict=True)
+            for i, r in enumerate(recvs)
         ],
         "summary": {
             **summaries,
-            "ratio": ratio,
-            "ratio_definition": "median pg2sink changes/s / median pg_recvlogical changes/s",
-            "run_ratio_min": min(run_ratios),
-            "run_ratio_max": max(run_ratios),
+            **ratio_summary(main_name),
+            **{f"{name} ratio": ratio_summary(name) for name in sink_runs if name != main_name},
         },
         "targets": {
-            "ratio_min": TARGET_RATIO,
-            "ratio_pass": ratio_ok,
-            "rss_max_mib": TARGET_RSS_MIB,
-            "rss_pass": rss_ok,
+            **targets(main_name),
+            **{name: targets(name) for name in sink_runs if name != main_name},
         },
         "profiled_run": 1 if profiled else None,
     }
@@ -879,6 +1002,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="pg2sink's file sink vs pg_recvlogical on the same changes "
         "(see bench/README.md)."
+    )
+    p.add_argument(
+        "--sink",
+        choices=("file", "kafka", "both"),
+        default="file",
+        help="pg2sink's sink: file (default), kafka (starts a Kafka broker and a schema "
+        "registry in the temporary directory) or both (one run of each per round)",
     )
     p.add_argument(
         "--scale",
@@ -929,13 +1059,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def sizes_from(args: argparse.Namespace) -> Sizes:
-    if args.scale <= 0:
+    scale = float(args.scale)
+    if scale <= 0:
         raise BenchError("--scale must be positive")
     if args.repeat < 1:
         raise BenchError("--repeat must be at least 1")
 
     def scaled(explicit: int | None, full: int) -> int:
-        return explicit if explicit is not None else max(1, round(full * args.scale))
+        return explicit if explicit is not None else max(1, round(full * scale))
 
     return Sizes(
         insert_rows=scaled(args.insert_rows, FULL_INSERT_ROWS),
@@ -948,6 +1079,23 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through the clean-up below
 
 
+def start_kafka(services: ModuleType, tmp: Path, stack: contextlib.ExitStack) -> KafkaTarget:
+    """A Kafka broker and Apicurio Registry in `tmp`, destroyed when `stack` closes."""
+    port, controller_port, registry_port = services.free_ports(3)
+    print(f"starting Kafka and the schema registry in {tmp} ...", flush=True)
+    kafka = services.Kafka(base=tmp / "kafka", port=port, controller_port=controller_port)
+    stack.callback(kafka.destroy)
+    kafka.start()
+    registry = services.SchemaRegistry(base=tmp / "registry", port=registry_port)
+    stack.callback(registry.destroy)
+    registry.start()
+    return KafkaTarget(
+        bootstrap_servers=str(kafka.bootstrap_servers),
+        registry_url=str(registry.url),
+        data=Path(kafka.data),
+    )
+
+
 def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     sizes = sizes_from(args)
     sizes.check()
@@ -955,14 +1103,21 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     recvlogical = str(services.postgres_bindir() / "pg_recvlogical")
     if not Path(recvlogical).exists():
         recvlogical = shutil.which("pg_recvlogical") or "pg_recvlogical"
+    use_file = args.sink in ("file", "both")
+    use_kafka = args.sink in ("kafka", "both")
+    prefixes = [RECVLOGICAL_SLOT]
+    prefixes += [PG2SINK_SLOT] if use_file else []
+    prefixes += [PG2SINK_KAFKA_SLOT] if use_kafka else []
 
-    print(f"starting PostgreSQL in {tmp} ...", flush=True)
-    server = start_postgres(services, tmp)
-    try:
+    with contextlib.ExitStack() as stack:
+        print(f"starting PostgreSQL in {tmp} ...", flush=True)
+        server = start_postgres(services, tmp)
+        stack.callback(server.destroy)
+        kafka = start_kafka(services, tmp, stack) if use_kafka else None
         dsn = server.dsn()
         with psycopg.connect(dsn, autocommit=True) as conn:
             info = machine_info(conn, recvlogical)
-            setup_schema(conn, args.repeat)
+            setup_schema(conn, args.repeat, prefixes)
             print(
                 f"workload: {sizes.insert_rows:,}-row INSERT, {sizes.update_rows:,}-row UPDATE, "
                 f"{sizes.small_txns:,} single-row transactions ...",
@@ -970,31 +1125,39 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             )
             workload = run_workload(conn, sizes)
             recvs: list[Consumer] = []
-            sinks: list[Consumer] = []
+            sink_runs: dict[str, list[Consumer]] = {}
             for run in range(1, args.repeat + 1):
                 step = f"run {run}/{args.repeat}"
+                done: list[Consumer] = []
                 try:
                     print(f"{step}: pg_recvlogical to {workload.end_lsn} ...", flush=True)
                     recv = run_recvlogical(recvlogical, dsn, run, workload, tmp, args.timeout, conn)
                     drop_slot(conn, recv.slot)
-                    print(f"{step}: pg2sink to {workload.end_lsn} ...", flush=True)
+                    # cProfile: the first pg2sink run of the first sink only
                     profile = args.cprofile if run == 1 else None
-                    sink = run_pg2sink(dsn, run, workload, tmp, args.timeout, conn, profile)
-                    drop_slot(conn, sink.slot)
+                    for target in ([None] if use_file else []) + ([kafka] if use_kafka else []):
+                        name = "pg2sink" if target is None else "pg2sink --sink kafka"
+                        print(f"{step}: {name} to {workload.end_lsn} ...", flush=True)
+                        sink = run_pg2sink(
+                            dsn, run, workload, tmp, args.timeout, conn, profile, target
+                        )
+                        profile = None
+                        drop_slot(conn, sink.slot)
+                        done.append(sink)
                 except BenchError as e:
                     raise BenchError(f"{step}: {e}") from e
                 print(
-                    f"{step}: pg_recvlogical {recv.seconds:.2f}s, pg2sink {sink.seconds:.2f}s",
+                    f"{step}: pg_recvlogical {recv.seconds:.2f}s, "
+                    + ", ".join(f"{s.name} {s.seconds:.2f}s" for s in done),
                     flush=True,
                 )
                 recvs.append(recv)
-                sinks.append(sink)
-        figures = report(workload, recvs, sinks, info, profiled=args.cprofile is not None)
+                for s in done:
+                    sink_runs.setdefault(s.name, []).append(s)
+        figures = report(workload, recvs, sink_runs, info, profiled=args.cprofile is not None)
         if args.cprofile is not None:
             print_profile(args.cprofile)
         return figures
-    finally:
-        server.destroy()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
