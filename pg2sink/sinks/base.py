@@ -1,15 +1,19 @@
 """The Sink protocol: how records leave pg2sink, and how durability comes back.
 
 Lifecycle: `open()`, then any number of `write(record)` and
-`checkpoint(lsn)` calls, `flush()` whenever the stream wants durability,
-`close()` at the end.
+`checkpoint(lsn)` calls, `start_flush()` whenever the stream wants
+durability, `flush()` once before `close()` at the end.
 
 `checkpoint(lsn)` says "every record written so far belongs to WAL below
 `lsn`" (the end of a committed transaction, or a keepalive position while
-no transaction is open). `flush()` makes everything written durable and
-returns the highest checkpoint that is now durably accepted; `acknowledged()`
-returns it without waiting. The subscription confirms to PostgreSQL only
-LSNs a sink has returned from these two, never more.
+no transaction is open). `start_flush()` begins making everything written
+so far durable without waiting (an fsync in a background thread, a poll of
+the Kafka producer), so the stream keeps decoding while the I/O happens;
+`acknowledged()` returns the highest checkpoint durably accepted so far.
+`flush()` does the same but waits until everything written is durable (or
+the sink's bound on waiting passes) and returns `acknowledged()`. The
+subscription confirms to PostgreSQL only LSNs a sink has returned from
+`acknowledged()` or `flush()`, never more.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ class Sink(Protocol):
     def write(self, record: Record) -> None: ...
 
     def checkpoint(self, lsn: int) -> None: ...
+
+    def start_flush(self) -> None: ...
 
     def flush(self) -> int | None: ...
 

@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
 import orjson
@@ -53,6 +54,11 @@ class FileSink:
         self._fsync = False
         self._written_mark: int | None = None
         self._durable_mark: int | None = None
+        #: one thread for background fsyncs (start_flush), and the one in flight
+        self._fsyncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg2sink-fsync")
+        self._in_flight: Future[int | None] | None = None
+        #: the checkpoint whose data was last handed to the kernel (start_flush)
+        self._in_kernel_mark: int | None = None
         self._timestamp: object = None
         self._timestamp_json = orjson.Fragment(b"null")
 
@@ -114,20 +120,78 @@ class FileSink:
     def checkpoint(self, lsn: int) -> None:
         self._written_mark = lsn
 
+    def start_flush(self) -> None:
+        """Hand what is written to the kernel, and start an fsync in the background.
+
+        os.fsync releases the GIL, so decoding goes on while the disk works (an
+        fsync of a busy file takes milliseconds to tens of them: measured 17 ms on
+        average in bench-stream). One fsync is in flight at most; its mark, taken
+        before the data went to the kernel, becomes durable when it returns.
+        """
+        self._collect()
+        out = self._out
+        if out is None or self._written_mark == self._durable_mark:
+            return
+        mark = self._written_mark
+        try:
+            out.flush()
+        except (OSError, ValueError) as e:
+            raise SinkError(f"cannot write to {self.path!r}: {e}") from None
+        if not self._fsync:  # a pipe or terminal: nothing more to wait for
+            self._durable_mark = mark
+            return
+        self._in_kernel_mark = mark
+        self._next_fsync()
+
+    def _next_fsync(self) -> None:
+        """Start an fsync for what reached the kernel, unless one is running."""
+        out = self._out
+        if (
+            self._in_flight is None
+            and out is not None
+            and self._in_kernel_mark != self._durable_mark
+        ):
+            self._in_flight = self._fsyncer.submit(
+                self._fsync_to, out.fileno(), self._in_kernel_mark
+            )
+
+    @staticmethod
+    def _fsync_to(fd: int, mark: int | None) -> int | None:
+        os.fsync(fd)
+        return mark
+
+    def _collect(self) -> None:
+        """Take the result of a finished background fsync (raising its error)."""
+        done = self._in_flight
+        if done is None or not done.done():
+            return
+        self._in_flight = None
+        try:
+            self._durable_mark = done.result()
+        except OSError as e:
+            raise SinkError(f"cannot fsync {self.path!r}: {e.strerror}") from None
+
     def flush(self) -> int | None:
-        if self._out is None:
+        """Make everything written durable now, waiting for it."""
+        out = self._out
+        if out is None:
             return self._durable_mark
         mark = self._written_mark
         try:
-            self._out.flush()
+            if self._in_flight is not None:
+                self._in_flight.result()  # its mark is older than ours: just wait
+                self._in_flight = None
+            out.flush()
             if self._fsync:
-                os.fsync(self._out.fileno())
+                os.fsync(out.fileno())
         except (OSError, ValueError, io.UnsupportedOperation) as e:
             raise SinkError(f"cannot flush {self.path!r}: {e}") from None
         self._durable_mark = mark
         return mark
 
     def acknowledged(self) -> int | None:
+        self._collect()
+        self._next_fsync()  # data handed over while the last fsync ran
         return self._durable_mark
 
     def close(self) -> None:
@@ -135,3 +199,4 @@ class FileSink:
             self.flush()
             self._out.close()
             self._out = None
+        self._fsyncer.shutdown(wait=True)

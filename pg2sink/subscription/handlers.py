@@ -32,6 +32,8 @@ class ChangelogHandler:
         # bound once: these run per change and per commit
         self.feed = self.builder.feed
         self.checkpoint = sink.checkpoint
+        self.start_flush = sink.start_flush
+        self.acknowledged = sink.acknowledged
         self.tag_counts = self.builder.tag_counts
 
     @property
@@ -76,6 +78,12 @@ class DecodeOnlyHandler:
 
     def checkpoint(self, lsn: int) -> None:
         pass
+
+    def start_flush(self) -> None:
+        self.out.flush()
+
+    def acknowledged(self) -> int | None:
+        return None
 
     def flush(self) -> int | None:
         self.out.flush()

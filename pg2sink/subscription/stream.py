@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 #: Check the clock once per this many messages while data keeps arriving.
 _HOUSEKEEPING_EVERY = 512
 _XLOG_DATA_TAG = int(CopyDataTag.XLOG_DATA)
+#: How often an idle loop looks for the acknowledgement of a flush in progress.
+_ACK_POLL_SECONDS = 0.005
 #: (tag byte, name in StreamStats.messages) of the pgoutput messages counted
 _TAG_NAMES = tuple((int(tag), tag.name.lower()) for tag in MessageTag)
 
@@ -62,8 +64,16 @@ class ChangeHandler(Protocol):
 
     def checkpoint(self, lsn: int) -> None: ...
 
+    def start_flush(self) -> None:
+        """Begin making everything so far durable, without waiting (see sinks.base)."""
+        ...
+
+    def acknowledged(self) -> int | None:
+        """The highest checkpoint durably accepted so far."""
+        ...
+
     def flush(self) -> int | None:
-        """Make everything durable; return the highest durably acknowledged checkpoint."""
+        """Make everything durable, waiting; return the highest acknowledged checkpoint."""
         ...
 
     def close(self) -> None: ...
@@ -240,6 +250,9 @@ class Streamer:
         if self.checkpointed_lsn > self.flushed_lsn:
             # something waits for an early flush that its spacing has held back
             deadlines.append(self._last_flush + self.flush_interval / 10)
+        if self.confirm and self.flushed_lsn > self.confirmed_lsn:
+            # a flush is in progress (an fsync, Kafka acks): look again soon
+            deadlines.append(self.clock() + _ACK_POLL_SECONDS)
         return min(deadlines) - self.clock()
 
     def _fold_counters(self) -> None:
@@ -255,6 +268,8 @@ class Streamer:
 
     def _housekeeping(self, now: float) -> None:
         self._fold_counters()
+        if self.confirm and self.flushed_lsn > self.confirmed_lsn:  # a flush in progress?
+            self._take_acknowledged(self.handler.acknowledged())
         if now >= self._next_flush:
             self._flush()
             self._next_flush = now + self.flush_interval
@@ -265,17 +280,21 @@ class Streamer:
             self._next_poll = self.clock() + self.poll_interval
 
     def _flush(self) -> None:
+        """Start a flush of everything so far; its acknowledgement arrives later."""
         self.flushed_lsn = self.checkpointed_lsn
         started = self._last_flush = self.clock()
-        acked = self.handler.flush()
+        self.handler.start_flush()
         stats = self.stats
         changes = sum(sum(ops.values()) for ops in stats.tables.values())
         stats.observe_flush(self.clock() - started, changes - self._changes_at_flush)
         self._changes_at_flush = changes
+        self._take_acknowledged(self.handler.acknowledged())
+
+    def _take_acknowledged(self, acked: int | None) -> None:
         if acked is not None and acked > self.confirmed_lsn:
             self.confirmed_lsn = acked
-        if self.confirm and acked is not None:
-            stats.acknowledge(acked)
+            if self.confirm:
+                self.stats.acknowledge(acked)
 
     def _send_status(self, now: float, force: bool = False) -> None:
         if not force and now < self._next_status and self.confirmed_lsn == self._reported_lsn:
@@ -291,9 +310,10 @@ class Streamer:
         self._next_status = now + self.heartbeat_interval
 
     def shutdown(self) -> None:
-        """Final flush and status, so a clean stop loses and repeats nothing."""
+        """Final flush (waiting for it) and status, so a clean stop repeats nothing."""
         self._fold_counters()
-        self._flush()
+        self.flushed_lsn = self.checkpointed_lsn
+        self._take_acknowledged(self.handler.flush())
         self._send_status(self.clock(), force=True)
         flushes = self.stats.flush_seconds
         log.info(

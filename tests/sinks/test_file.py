@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -80,3 +81,32 @@ def test_unwritable_path_is_a_sink_error(tmp_path: Path) -> None:
 def test_write_before_open_is_a_sink_error() -> None:
     with pytest.raises(SinkError, match="not opened"):
         FileSink("-").write(SCHEMA)
+
+
+def test_start_flush_acknowledges_after_a_background_fsync(tmp_path: Path) -> None:
+    sink = FileSink(str(tmp_path / "out.jsonl"))
+    sink.open()
+    sink.write(modification(0, {"id": 1}))
+    sink.checkpoint(300)
+    sink.start_flush()  # returns at once; the fsync runs in a thread
+    deadline = time.monotonic() + 10
+    while sink.acknowledged() != 300:
+        assert time.monotonic() < deadline, "the background fsync never finished"
+        time.sleep(0.001)
+    # more data while nothing is in flight: the next start_flush covers it
+    sink.write(modification(1, {"id": 2}))
+    sink.checkpoint(400)
+    sink.start_flush()
+    assert sink.flush() == 400  # waits for everything
+    sink.close()
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 2
+
+
+def test_nothing_is_acknowledged_before_its_checkpoint(tmp_path: Path) -> None:
+    sink = FileSink(str(tmp_path / "out.jsonl"))
+    sink.open()
+    sink.write(modification(0, {"id": 1}))  # no checkpoint: an open transaction
+    sink.start_flush()
+    time.sleep(0.05)
+    assert sink.acknowledged() is None
+    sink.close()

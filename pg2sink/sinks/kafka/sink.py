@@ -372,6 +372,11 @@ class KafkaSink:
     def checkpoint(self, lsn: int) -> None:
         self._acks.checkpoint(lsn)
 
+    def start_flush(self) -> None:
+        """Serve delivery reports; librdkafka sends on its own threads meanwhile."""
+        if self._producer is not None:
+            self._producer.poll(0)
+
     def flush(self) -> int | None:
         producer = self._producer
         if producer is None:
