@@ -121,8 +121,8 @@ def key_schema(
 
     This is what `typemap.avro_row_schema(..., name="key")` gives for the key columns,
     taken from the row record so that the key's field names are those of the value.
-    `key_columns` gives the key order (Schema.primary_key); the row record's
-    "pg.primary_key" lists the key columns in table order.
+    `key_columns` gives the key order (Schema.primary_key, also the row record's
+    "pg.primary_key" when the changelog built it).
     """
     if not key_columns:
         key_columns = row.get("pg.primary_key") or []

@@ -221,6 +221,7 @@ class ChangelogBuilder:
                 RowColumn(name=n, codec=codec, is_key=n in key_names)
                 for n, codec in zip(names, codecs, strict=True)
             ],
+            primary_key=primary_key,
         )
         converters = [c.to_json if self.json_values else c.decode for c in codecs]
         self.relations[msg.relation_id] = RelationState(

@@ -496,7 +496,12 @@ def avro_name(identifier: str) -> str:
 
 
 def avro_row_schema(
-    namespace: str, table: str, columns: Sequence[RowColumn], *, name: str = "value"
+    namespace: str,
+    table: str,
+    columns: Sequence[RowColumn],
+    *,
+    name: str = "value",
+    primary_key: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The Avro record of a row of `namespace`.`table`, one nullable field per column.
 
@@ -506,7 +511,9 @@ def avro_row_schema(
     existing fields. The original names stay in "pg.column", "pg.namespace", "pg.table"
     and "pg.primary_key". The same input always gives an equal dict, so comparing two
     schemas tells whether the table changed. `name` is the record name: 'value' for the
-    row, e.g. 'key' for a record of just the key columns.
+    row, e.g. 'key' for a record of just the key columns. `primary_key` gives the key
+    columns in key order for "pg.primary_key" (a composite key's order matters to
+    consumers); without it, the key columns are listed in table order.
     """
     used: set[str] = set()
     fields: list[dict[str, Any]] = []
@@ -533,5 +540,9 @@ def avro_row_schema(
         "fields": fields,
         "pg.namespace": namespace,
         "pg.table": table,
-        "pg.primary_key": [column.name for column in columns if column.is_key],
+        "pg.primary_key": (
+            list(primary_key)
+            if primary_key is not None
+            else [column.name for column in columns if column.is_key]
+        ),
     }

@@ -101,6 +101,7 @@ def test_changes_across_tables_and_schemas(
         else:
             assert key in seen, f"modification of {key} before its schema"
     orders_schema = next(r for r in records if r["kind"] == "schema" and r["name"] == "orders")
+    assert orders_schema["schema"]["pg.primary_key"] == ["id"]
     total = next(f for f in orders_schema["schema"]["fields"] if f["name"] == "total")
     assert total["type"][1]["logicalType"] == "decimal"
     assert (total["type"][1]["precision"], total["type"][1]["scale"]) == (10, 2)
@@ -431,3 +432,20 @@ def test_drop_removes_slot_and_publication(
     assert f"dropped replication slot {db.slot}" in res.stdout
     assert f"dropped publication {db.publication}" in res.stdout
     assert db.slot_confirmed_lsn() is None
+
+
+def test_composite_primary_key_is_listed_in_key_order(
+    db: Database, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE pairs (a int, b int, v text, PRIMARY KEY (b, a))")
+    out = tmp_path / "out.jsonl"
+    p = start(pg2sink_proc, out)
+    conn.execute("INSERT INTO pairs VALUES (1, 2, 'x')")
+    conn.execute("DELETE FROM pairs")
+    wait_for(lambda: len(modifications(out)) == 2, what="insert and delete")
+    p.stop()
+    schema = next(r for r in read_jsonl(out) if r["kind"] == "schema")["schema"]
+    assert schema["pg.primary_key"] == ["b", "a"]
+    assert [f["pg.key"] for f in schema["fields"]] == [True, True, False]
+    assert modifications(out)[1]["before"] == {"a": 1, "b": 2}
