@@ -158,8 +158,10 @@ class Streamer:
         self.messages = 0
         #: counters for metrics and the HTTP API (a private one when none is given)
         self.stats = stats if stats is not None else StreamStats()
-        #: changes counted in stats at the previous flush (records per flush)
+        #: changes counted in stats when the last timed flush started (records per flush)
         self._changes_at_flush = 0
+        #: (mark, start time, changes so far) of the flush being timed, if any
+        self._timed_flush: tuple[int, float, int] | None = None
         #: time spent waiting for the server (the rest is pg2sink's own work)
         self.idle_seconds = 0.0
 
@@ -282,19 +284,26 @@ class Streamer:
     def _flush(self) -> None:
         """Start a flush of everything so far; its acknowledgement arrives later."""
         self.flushed_lsn = self.checkpointed_lsn
-        started = self._last_flush = self.clock()
+        self._last_flush = self.clock()
         self.handler.start_flush()
-        stats = self.stats
-        changes = sum(sum(ops.values()) for ops in stats.tables.values())
-        stats.observe_flush(self.clock() - started, changes - self._changes_at_flush)
-        self._changes_at_flush = changes
+        if self._timed_flush is None and self.flushed_lsn > self.confirmed_lsn:
+            # time this flush until the sink acknowledges it (pg2sink_sink_flush_seconds)
+            changes = sum(sum(ops.values()) for ops in self.stats.tables.values())
+            self._timed_flush = (self.flushed_lsn, self._last_flush, changes)
         self._take_acknowledged(self.handler.acknowledged())
 
     def _take_acknowledged(self, acked: int | None) -> None:
-        if acked is not None and acked > self.confirmed_lsn:
-            self.confirmed_lsn = acked
-            if self.confirm:
-                self.stats.acknowledge(acked)
+        if acked is None or acked <= self.confirmed_lsn:
+            return
+        self.confirmed_lsn = acked
+        if not self.confirm:
+            return
+        self.stats.acknowledge(acked)
+        timed = self._timed_flush
+        if timed is not None and acked >= timed[0]:
+            self._timed_flush = None
+            self.stats.observe_flush(self.clock() - timed[1], timed[2] - self._changes_at_flush)
+            self._changes_at_flush = timed[2]
 
     def _send_status(self, now: float, force: bool = False) -> None:
         if not force and now < self._next_status and self.confirmed_lsn == self._reported_lsn:
