@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system venv check test test-fast demo services services-stop bench-stream dashboards clean
+.PHONY: setup system venv check test test-fast demo services services-stop bench-stream bench-latency dashboards clean
 
 setup: system venv
 
@@ -41,6 +41,9 @@ services-stop:
 
 bench-stream: setup
 	$(PY) bench/stream.py
+
+bench-latency: setup
+	$(PY) bench/latency.py
 
 # Regenerates dashboards/pg2sink.json from dashboards/build.py (commit both).
 dashboards: venv
