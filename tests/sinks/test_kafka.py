@@ -844,21 +844,34 @@ def own_kafka() -> Iterator[services.Kafka]:
 
 @pytest.mark.slow
 def test_missing_topic_is_a_clear_error(
-    db: Database, pg2sink_proc: Proc, own_kafka: services.Kafka, topic_prefix: str
+    db: Database,
+    pg2sink_proc: Proc,
+    own_kafka: services.Kafka,
+    topic_prefix: str,
+    reader: Callable[..., Reader],
 ) -> None:
     conn = db.connect()
     conn.execute("CREATE TABLE t (id int primary key)")
     stack = KafkaStack(own_kafka.bootstrap_servers, "")
     p = start(pg2sink_proc, stack, topic_prefix, avro=False)
-    before_change = db.current_lsn()
     conn.execute("INSERT INTO t VALUES (1)")
+    after_commit = db.current_lsn()
     assert p.proc is not None and p.proc.wait(60) == 2
     err = p.stderr()
     topic = f"{topic_prefix}.public.t"
     assert f"pg2sink: error: Kafka topic '{topic}' does not exist" in err
     assert "--create --topic" in err
+    # The transaction is not confirmed. (The confirmed position may pass the INSERT's
+    # own record through a keepalive sent while the server was still decoding the
+    # transaction, but never its commit, so the server sends it again.)
     confirmed = db.slot_confirmed_lsn()
-    assert confirmed is not None and confirmed <= before_change
+    assert confirmed is not None and confirmed < after_commit
+    # the proof: once the topic exists, a restart delivers the change
+    create_topic(own_kafka.bootstrap_servers, topic, partitions=1)
+    p2 = start(pg2sink_proc, stack, topic_prefix, avro=False)
+    got = reader(topic, avro=False, bootstrap=own_kafka.bootstrap_servers).read(1)
+    assert [m.value["after"] for m in got] == [{"id": 1}]
+    p2.stop()
 
 
 @pytest.mark.slow

@@ -83,11 +83,10 @@ class _AvroTable:
         self._key_header = wire_header(key_id) if key_id is not None else b""
 
     def key(self, row: Mapping[str, object]) -> bytes | None:
-        body = self._encoder.encode_key(row)
-        return None if body is None else self._key_header + body
+        return self._encoder.encode_key(row, self._key_header)
 
     def value(self, m: Modification) -> bytes:
-        return self._value_header + self._encoder.encode_value(m)
+        return self._encoder.encode_value(m, self._value_header)
 
 
 class AvroFormat:

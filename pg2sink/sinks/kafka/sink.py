@@ -47,7 +47,6 @@ from pg2sink.sinks.kafka.formats import (
     Format,
     JsonFormat,
     TableFormat,
-    key_row,
 )
 from pg2sink.sinks.kafka.topics import TopicRouter
 
@@ -85,6 +84,9 @@ _TERMINAL = frozenset(
         KafkaError._INVALID_ARG,
     )
 )
+
+#: the operation header of each operation
+_OPERATION_HEADERS = {op: ("operation", op.value.encode()) for op in Operation}
 
 _HOW_TO_CREATE = (
     "create it (kafka-topics.sh --bootstrap-server ... --create --topic {topic}), "
@@ -148,6 +150,9 @@ class KafkaSink:
         self._broker_down = False
         self._reported: set[str] = set()
         self._delivered = 0
+        # the xid header of the last change (headers are copied by produce)
+        self._xid: int | None = None
+        self._xid_header: tuple[str, bytes] = ("xid", b"")
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -221,12 +226,19 @@ class KafkaSink:
         if entry is None:
             raise SinkError(f"change of {m.namespace}.{m.name} before its Schema record")
         topic, table = entry
-        row = key_row(m)
+        # key_row(m), inline: the new row, the old one for DELETE, none for TRUNCATE
+        row = m.after
+        if row is None and m.operation is Operation.DELETE:
+            row = m.before
         key = table.key(row) if row is not None else None
+        xid = m.xid
+        if xid != self._xid:  # the same for a whole transaction
+            self._xid = xid
+            self._xid_header = ("xid", str(xid).encode())
         headers = [
-            ("operation", m.operation.value.encode()),
+            _OPERATION_HEADERS[m.operation],
             ("lsn", str(m.lsn).encode()),
-            ("xid", str(m.xid).encode()),
+            self._xid_header,
         ]
         self._produce(topic, key, table.value(m), headers)
         if self.cfg.tombstones:
@@ -263,7 +275,10 @@ class KafkaSink:
         producer = self._producer
         if producer is None:
             raise SinkError("the kafka sink was not opened")
-        on_delivery = partial(self._on_delivery, self._generation, self._acks.next_seq(), topic)
+        acks = self._acks
+        seq = acks.produced  # acks.next_seq(), inline
+        acks.produced = seq + 1
+        on_delivery = partial(self._on_delivery, self._generation, seq, topic)
         while True:
             try:
                 producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
