@@ -153,6 +153,7 @@ class KafkaSink:
         # the xid header of the last change (headers are copied by produce)
         self._xid: int | None = None
         self._xid_header: tuple[str, bytes] = ("xid", b"")
+        self._headers: list[tuple[str, bytes]] = [("operation", b""), ("lsn", b""), ("xid", b"")]
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -235,11 +236,11 @@ class KafkaSink:
         if xid != self._xid:  # the same for a whole transaction
             self._xid = xid
             self._xid_header = ("xid", str(xid).encode())
-        headers = [
-            _OPERATION_HEADERS[m.operation],
-            ("lsn", str(m.lsn).encode()),
-            self._xid_header,
-        ]
+        # one list reused for every message: produce() copies the headers
+        headers = self._headers
+        headers[0] = _OPERATION_HEADERS[m.operation]
+        headers[1] = ("lsn", str(m.lsn).encode())
+        headers[2] = self._xid_header
         self._produce(topic, key, table.value(m), headers)
         if self.cfg.tombstones:
             self._tombstones(m, topic, table, key, headers)
@@ -278,10 +279,12 @@ class KafkaSink:
         acks = self._acks
         seq = acks.produced  # acks.next_seq(), inline
         acks.produced = seq + 1
-        on_delivery = partial(self._on_delivery, self._generation, seq, topic)
+        on_delivery = partial(self._on_delivery, self._generation, seq)
         while True:
             try:
-                producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+                # positional (topic, value, key, partition, on_delivery, alias, timestamp,
+                # headers): cheaper than keywords; -1 = the configured partitioner, 0 = now
+                producer.produce(topic, value, key, -1, on_delivery, None, 0, headers)
                 return
             except BufferError:
                 self._wait_for_room()
@@ -346,14 +349,14 @@ class KafkaSink:
     # -- librdkafka callbacks (served by poll/flush, on this thread) -----------------
 
     def _on_delivery(
-        self, generation: int, seq: int, topic: str, error: KafkaError | None, msg: Message
+        self, generation: int, seq: int, error: KafkaError | None, msg: Message
     ) -> None:
         if generation != self._generation:
             return  # a message of a stream that was restarted since
         if error is not None:
             if self._failure is None:
                 self._failure = error
-                self._failed_topic = topic
+                self._failed_topic = msg.topic() or ""
             return
         self._acks.delivered(seq)
         self._delivered += 1
