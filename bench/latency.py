@@ -43,13 +43,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shlex
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -66,9 +63,9 @@ from stream import (
     Conn,
     KafkaTarget,
     _tail,
-    _terminate,
     load_services,
     machine_info,
+    run_benchmark,
     slot_state,
     start_kafka,
     start_postgres,
@@ -389,27 +386,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
-    tmp = Path(tempfile.mkdtemp(prefix="pg2sink-latency-"))
-    tmp.chmod(0o755)  # the server runs as the postgres user when we are root
-    try:
-        figures = bench(args, tmp)
-    except BenchError as e:
-        print(f"bench-latency: FAILED: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench-latency: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        if args.keep:
-            print(f"kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if args.json is not None:
-        args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
-        print(f"wrote {args.json}")
-    return 0
+    return run_benchmark("bench-latency", parse_args(argv), bench, "pg2sink-latency-")
 
 
 if __name__ == "__main__":

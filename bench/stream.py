@@ -87,7 +87,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -1160,18 +1160,24 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         return figures
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_benchmark(
+    name: str,
+    args: argparse.Namespace,
+    bench_fn: Callable[[argparse.Namespace, Path], dict[str, Any]],
+    tmp_prefix: str,
+) -> int:
+    """Run `bench_fn` in a fresh temporary directory, removed afterwards unless --keep;
+    one FAILED line and exit 1 for a BenchError; --json writes the figures."""
     signal.signal(signal.SIGTERM, _terminate)
-    tmp = Path(tempfile.mkdtemp(prefix="pg2sink-bench-"))
+    tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix))
     tmp.chmod(0o755)  # the server runs as the postgres user when we are root
     try:
-        figures = bench(args, tmp)
+        figures = bench_fn(args, tmp)
     except BenchError as e:
-        print(f"bench-stream: FAILED: {e}", file=sys.stderr)
+        print(f"{name}: FAILED: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("bench-stream: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
     finally:
         if args.keep:
@@ -1182,6 +1188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_benchmark("bench-stream", parse_args(argv), bench, "pg2sink-bench-")
 
 
 if __name__ == "__main__":
