@@ -21,17 +21,17 @@ import threading
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import orjson
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 
 from pg2sink import __version__
 from pg2sink.logical.lsn import format_lsn
-from pg2sink.observability.metrics import make_registry
 from pg2sink.observability.stats import StreamStats
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = ["DEFAULT_ADDRESS", "Server", "parse_address", "start_http_server", "stats_document"]
 
@@ -161,8 +161,12 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/stats":
                 self._send(HTTPStatus.OK, _JSON, app.json(stats_document(app.stats)), head)
             elif path == "/metrics":
+                # imported on the first scrape, not at start: prometheus_client takes
+                # ~50 ms to import, which every run would otherwise pay up front
+                from prometheus_client.exposition import choose_encoder
+
                 encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._send(HTTPStatus.OK, content_type, encoder(app.registry), head)
+                self._send(HTTPStatus.OK, content_type, encoder(app.registry()), head)
             else:
                 body = {"error": "not found", "endpoints": list(_ENDPOINTS)}
                 self._send(HTTPStatus.NOT_FOUND, _JSON, orjson.dumps(body), head)
@@ -195,11 +199,24 @@ _ENDPOINTS = ("/health", "/status", "/stats", "/metrics")
 
 class _App:
     def __init__(
-        self, stats: StreamStats, registry: CollectorRegistry, redact: Callable[[str], str]
+        self,
+        stats: StreamStats,
+        registry: CollectorRegistry | None,
+        redact: Callable[[str], str],
     ) -> None:
         self.stats = stats
-        self.registry = registry
+        self._registry = registry
+        self._lock = threading.Lock()
         self.redact = redact
+
+    def registry(self) -> CollectorRegistry:
+        """The metrics registry, made on first use (see the /metrics handler)."""
+        with self._lock:
+            if self._registry is None:
+                from pg2sink.observability.metrics import make_registry
+
+                self._registry = make_registry(self.stats)
+            return self._registry
 
     def json(self, body: dict[str, Any]) -> bytes:
         return orjson.dumps(_redact_strings(body, self.redact))
@@ -275,7 +292,7 @@ def start_http_server(
         address_family = family
 
     httpd = Bound((host, port), _Handler)
-    httpd.app = _App(stats, registry if registry is not None else make_registry(stats), redact)
+    httpd.app = _App(stats, registry, redact)
     server = Server(httpd)
     log.debug("HTTP API listening on %s (/health /status /stats /metrics)", server.url)
     return server
