@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system venv check test test-fast demo services services-stop bench-stream bench-latency dashboards clean
+.PHONY: setup system venv check test demo services services-stop bench-stream bench-latency dashboards clean
 
 setup: system venv
 
@@ -40,10 +40,10 @@ services-stop:
 	@$(PYTHON) scripts/services.py stop
 
 bench-stream: setup
-	$(PY) bench/stream.py
+	$(PY) bench/stream.py $(ARGS)
 
 bench-latency: setup
-	$(PY) bench/latency.py
+	$(PY) bench/latency.py $(ARGS)
 
 # Regenerates dashboards/pg2sink.json from dashboards/build.py (commit both).
 dashboards: venv
