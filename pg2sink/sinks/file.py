@@ -56,9 +56,12 @@ class FileSink:
         self._durable_mark: int | None = None
         #: one thread for background fsyncs (start_flush), and the one in flight
         self._fsyncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg2sink-fsync")
-        self._in_flight: Future[int | None] | None = None
-        #: the checkpoint whose data was last handed to the kernel (start_flush)
+        self._in_flight: Future[tuple[int | None, int]] | None = None
+        #: the checkpoint whose data was last handed to the kernel (start_flush), and
+        #: the file position then; the position the last finished fsync covered
         self._in_kernel_mark: int | None = None
+        self._in_kernel_pos = 0
+        self._durable_pos = 0
         self._timestamp: object = None
         self._timestamp_json = orjson.Fragment(b"null")
 
@@ -141,6 +144,7 @@ class FileSink:
             self._durable_mark = mark
             return
         self._in_kernel_mark = mark
+        self._in_kernel_pos = out.tell()
         self._next_fsync()
 
     def _next_fsync(self) -> None:
@@ -152,13 +156,13 @@ class FileSink:
             and self._in_kernel_mark != self._durable_mark
         ):
             self._in_flight = self._fsyncer.submit(
-                self._fsync_to, out.fileno(), self._in_kernel_mark
+                self._fsync_to, out.fileno(), self._in_kernel_mark, self._in_kernel_pos
             )
 
     @staticmethod
-    def _fsync_to(fd: int, mark: int | None) -> int | None:
+    def _fsync_to(fd: int, mark: int | None, pos: int) -> tuple[int | None, int]:
         os.fsync(fd)
-        return mark
+        return mark, pos
 
     def _collect(self) -> None:
         """Take the result of a finished background fsync (raising its error)."""
@@ -167,7 +171,7 @@ class FileSink:
             return
         self._in_flight = None
         try:
-            self._durable_mark = done.result()
+            self._durable_mark, self._durable_pos = done.result()
         except OSError as e:
             raise SinkError(f"cannot fsync {self.path!r}: {e.strerror}") from None
 
@@ -184,10 +188,21 @@ class FileSink:
             out.flush()
             if self._fsync:
                 os.fsync(out.fileno())
+                self._durable_pos = out.tell()
         except (OSError, ValueError, io.UnsupportedOperation) as e:
             raise SinkError(f"cannot flush {self.path!r}: {e}") from None
         self._durable_mark = mark
         return mark
+
+    def pending_bytes(self) -> int:
+        """Bytes written (to the buffer or the kernel) and not yet fsynced."""
+        out = self._out
+        if out is None:
+            return 0
+        try:
+            return max(out.tell() - self._durable_pos, 0)
+        except (OSError, ValueError):  # a pipe has no position
+            return 0
 
     def acknowledged(self) -> int | None:
         self._collect()

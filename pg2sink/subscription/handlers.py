@@ -34,6 +34,7 @@ class ChangelogHandler:
         self.checkpoint = sink.checkpoint
         self.start_flush = sink.start_flush
         self.acknowledged = sink.acknowledged
+        self.pending_bytes = sink.pending_bytes
         self.tag_counts = self.builder.tag_counts
 
     @property
@@ -84,6 +85,9 @@ class DecodeOnlyHandler:
 
     def acknowledged(self) -> int | None:
         return None
+
+    def pending_bytes(self) -> int:
+        return 0
 
     def flush(self) -> int | None:
         self.out.flush()

@@ -72,6 +72,10 @@ class ChangeHandler(Protocol):
         """The highest checkpoint durably accepted so far."""
         ...
 
+    def pending_bytes(self) -> int:
+        """Bytes the sink holds written but not yet durable."""
+        ...
+
     def flush(self) -> int | None:
         """Make everything durable, waiting; return the highest acknowledged checkpoint."""
         ...
@@ -267,6 +271,7 @@ class Streamer:
                 counts[tag] = 0
         if self.received_lsn > self.stats.received_lsn:
             self.stats.received_lsn = self.received_lsn
+        self.stats.raw_buffer_bytes = self.handler.pending_bytes()
 
     def _housekeeping(self, now: float) -> None:
         self._fold_counters()

@@ -110,3 +110,21 @@ def test_nothing_is_acknowledged_before_its_checkpoint(tmp_path: Path) -> None:
     time.sleep(0.05)
     assert sink.acknowledged() is None
     sink.close()
+
+
+def test_pending_bytes_count_what_is_not_fsynced(tmp_path: Path) -> None:
+    sink = FileSink(str(tmp_path / "out.jsonl"))
+    sink.open()
+    assert sink.pending_bytes() == 0
+    sink.write(modification(0, {"id": 1}))
+    sink.checkpoint(300)
+    written = sink.pending_bytes()
+    assert written == len((tmp_path / "out.jsonl").read_bytes()) + written  # still buffered
+    assert written > 50
+    sink.start_flush()
+    deadline = time.monotonic() + 10
+    while sink.acknowledged() != 300:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert sink.pending_bytes() == 0
+    sink.close()

@@ -150,6 +150,8 @@ class KafkaSink:
         self._broker_down = False
         self._reported: set[str] = set()
         self._delivered = 0
+        #: key and value bytes produced and not yet delivered (pg2sink_raw_buffer_bytes)
+        self._queued_bytes = 0
         # the xid header of the last change (headers are copied by produce)
         self._xid: int | None = None
         self._xid_header: tuple[str, bytes] = ("xid", b"")
@@ -280,6 +282,7 @@ class KafkaSink:
         seq = acks.produced  # acks.next_seq(), inline
         acks.produced = seq + 1
         on_delivery = partial(self._on_delivery, self._generation, seq)
+        self._queued_bytes += (len(value) if value else 0) + (len(key) if key else 0)
         while True:
             try:
                 # positional (topic, value, key, partition, on_delivery, alias, timestamp,
@@ -360,6 +363,8 @@ class KafkaSink:
             return
         self._acks.delivered(seq)
         self._delivered += 1
+        key, value = msg.key(), msg.value()
+        self._queued_bytes -= (len(value) if value else 0) + (len(key) if key else 0)
         if self._broker_down or self._reported:
             self._reported.clear()
             if self._broker_down:
@@ -389,6 +394,10 @@ class KafkaSink:
 
     def checkpoint(self, lsn: int) -> None:
         self._acks.checkpoint(lsn)
+
+    def pending_bytes(self) -> int:
+        """Key and value bytes produced and not yet acknowledged by the broker."""
+        return max(self._queued_bytes, 0)
 
     def start_flush(self) -> None:
         """Serve delivery reports; librdkafka sends on its own threads meanwhile."""
