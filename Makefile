@@ -6,12 +6,16 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system venv check test demo services services-stop bench-stream bench-latency dashboards clean
+.PHONY: setup system venv jdbc check test demo services services-stop bench-stream bench-latency bench-import dashboards clean
 
-setup: system venv
+setup: system venv jdbc
 
 system:
 	@bash scripts/setup-system.sh
+
+# The PostgreSQL JDBC driver Spark imports read with (~/.cache/pg2sink-services/jdbc).
+jdbc:
+	@$(PYTHON) scripts/jdbc_driver.py >/dev/null
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "setup: $(PYTHON) not found"; exit 1; }
@@ -44,6 +48,9 @@ bench-stream: setup
 
 bench-latency: setup
 	$(PY) bench/latency.py $(ARGS)
+
+bench-import: setup
+	$(PY) bench/import.py $(ARGS)
 
 # Regenerates dashboards/pg2sink.json from dashboards/build.py (commit both).
 dashboards: venv

@@ -305,7 +305,7 @@ def kafka_libs() -> Path:
     return libs
 
 
-def _download(url: str, dest: Path) -> None:
+def _download(url: str, dest: Path, service: str = "registry") -> None:
     """Fetch `url` into `dest`, checked against the repository's .sha1 file."""
     try:
         with urllib.request.urlopen(url + ".sha1", timeout=60) as r:
@@ -316,9 +316,9 @@ def _download(url: str, dest: Path) -> None:
                 sha1.update(chunk)
                 f.write(chunk)
     except (urllib.error.URLError, OSError) as e:
-        raise ServiceError(f"registry: download of {url} failed: {e}") from e
+        raise ServiceError(f"{service}: download of {url} failed: {e}") from e
     if sha1.hexdigest() != want:
-        raise ServiceError(f"registry: {url} has SHA-1 {sha1.hexdigest()}, Central says {want}")
+        raise ServiceError(f"{service}: {url} has SHA-1 {sha1.hexdigest()}, Central says {want}")
 
 
 def registry_dist() -> Path:
