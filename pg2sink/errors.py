@@ -7,8 +7,9 @@
     │   ├── ServerConfigError (T) wal_level is not logical, missing privileges
     │   └── SlotBusyError  (R)    the slot is active in another process
     ├── DecodeError        (T)    a pgoutput message we cannot parse
-    └── SinkError                 the sink refused or failed to write
-        └── SinkUnavailableError (R) the sink is down for now; retry later
+    ├── SinkError                 the sink refused or failed to write
+    │   └── SinkUnavailableError (R) the sink is down for now; retry later
+    └── ImportFailed       (R)    an import job's attempt failed (retried with backoff)
 
 (T) = Terminal: retrying cannot help, stop with exit code 2.
 (R) = Retryable: the loop may wait and try again.
@@ -58,5 +59,11 @@ class SinkError(Pg2SinkError):
 
 class SinkUnavailableError(SinkError):
     """The sink is temporarily unavailable; the records may be retried."""
+
+    retryable = True
+
+
+class ImportFailed(Pg2SinkError):  # noqa: N818 (the name the contract gives it)
+    """One attempt of a snapshot import failed; the job records it and retries later."""
 
     retryable = True

@@ -1,0 +1,108 @@
+"""The internal schema: yoyo-migrations from migrations/, under a configurable schema name.
+
+pg2sink creates the schema (`--internal-schema`, default `pg2sink`) itself, then runs
+yoyo on a psycopg connection whose search_path is that schema only: the SQL files use
+unqualified names and yoyo's bookkeeping tables land in the same schema, so two
+internal schemas in one database (two pg2sink deployments) never mix. yoyo's own lock
+(a row holding a pid) would outlive a `kill -9`; a session advisory lock replaces it,
+released by PostgreSQL when the session ends however it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from pg2sink.catalog.server import connect
+from pg2sink.config import SecretDsn
+from pg2sink.errors import ConfigError, ServerConfigError
+
+log = logging.getLogger(__name__)
+
+try:
+    from yoyo import read_migrations  # type: ignore[import-untyped]
+    from yoyo.backends.core.postgresql import (  # type: ignore[import-untyped]
+        PostgresqlPsycopgBackend,
+    )
+    from yoyo.connections import parse_uri  # type: ignore[import-untyped]
+except ImportError as e:  # pragma: no cover - yoyo-migrations is a main dependency
+    raise ImportError(f"pg2sink needs yoyo-migrations (pip install yoyo-migrations): {e}") from e
+
+
+def migrations_dir() -> Path:
+    """migrations/ of the source tree, or the copy a wheel installs inside the package."""
+    packaged = Path(__file__).resolve().parent.parent / "_migrations"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "migrations"
+
+
+class _Backend(PostgresqlPsycopgBackend):  # type: ignore[misc]
+    """yoyo's psycopg 3 backend on a connection pg2sink opens (libpq DSN, secrets kept)."""
+
+    dsn: SecretDsn
+    internal_schema: str
+
+    def connect(self, dburi: Any) -> psycopg.Connection[TupleRow]:
+        return connect(self.dsn, application_name="pg2sink migrate")
+
+    def init_connection(self, connection: psycopg.Connection[TupleRow]) -> None:
+        # session-level (autocommit): survives yoyo's COMMIT/ROLLBACK statements
+        connection.execute(
+            sql.SQL("SET search_path TO {}").format(sql.Identifier(self.internal_schema))
+        )
+
+    @contextmanager
+    def lock(self, timeout: int = 10) -> Iterator[None]:
+        key = f"pg2sink.migrate.{self.internal_schema}"
+        conn = self.connection
+        conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+
+
+def _backend(dsn: SecretDsn, internal_schema: str) -> Any:
+    cls = type("_Backend", (_Backend,), {"dsn": dsn, "internal_schema": internal_schema})
+    # yoyo keys a cache on the URI: give it one naming the schema and no secret
+    backend = cls(parse_uri(f"postgresql+psycopg://pg2sink/{internal_schema}"), "_yoyo_migration")
+    backend.init_database()
+    return backend
+
+
+def apply_migrations(dsn: SecretDsn, internal_schema: str) -> list[str]:
+    """Create the internal schema if missing and apply pending migrations; their ids."""
+    if not internal_schema:
+        raise ConfigError("--internal-schema must not be empty")
+    conn = connect(dsn, application_name="pg2sink migrate")
+    try:
+        conn.execute(
+            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(internal_schema))
+        )
+    except psycopg.errors.InsufficientPrivilege as e:
+        raise ServerConfigError(
+            f"cannot create the internal schema {internal_schema!r}: "
+            f"{e.diag.message_primary}; the role needs CREATE on the database"
+        ) from None
+    finally:
+        conn.close()
+    backend = _backend(dsn, internal_schema)
+    try:
+        migrations = read_migrations(str(migrations_dir()))
+        with backend.lock():
+            pending = backend.to_apply(migrations)
+            backend.apply_migrations(pending)
+        applied = [m.id for m in pending]
+    finally:
+        backend.connection.close()
+    for mid in applied:
+        log.info("applied migration %s to schema %s", mid, internal_schema)
+    return applied
