@@ -5,6 +5,13 @@ precedes the first Modification of each table and every change of its shape
 (the changelog builder emits them in that order). `flush()` flushes Python's
 buffer and fsyncs a regular file before it reports a checkpoint as durable;
 pipes and terminals cannot be fsynced, so there durability ends at write(2).
+
+Other writers may append to the same file: Spark import executors
+(pg2sink.imports.writers) do. The file is opened with O_APPEND and every write(2)
+carries whole lines only: each `write()` below hands the buffer one whole line, and
+CPython's BufferedWriter passes to the kernel either its whole buffer or a whole
+oversized write, never part of one; Linux appends each write(2) to a regular file
+atomically. So lines of concurrent writers interleave, never their bytes.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ class FileSink:
                     sys.stdout.fileno(), "wb", buffering=BUFFER_BYTES, closefd=False
                 )
             else:
+                # "a": O_APPEND, so import executors' lines land after ours, never over them
                 self._out = open(self.path, "ab", buffering=BUFFER_BYTES)  # noqa: SIM115
         except OSError as e:
             raise SinkError(f"cannot open --file-path {self.path!r}: {e.strerror}") from None
