@@ -8,6 +8,7 @@ its own slot and publication names, all dropped afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -90,13 +91,28 @@ class Database:
 
 @pytest.fixture
 def db(pg_server: services.Postgres) -> Iterator[Database]:
+    with fresh_database(pg_server) as testdb:
+        yield testdb
+
+
+@contextlib.contextmanager
+def fresh_database(pg_server: services.Postgres) -> Iterator[Database]:
+    """A new database with its own slot and publication names, dropped (slots too) on exit;
+    the `db` fixture, usable by wider-scoped fixtures."""
     tag = uuid.uuid4().hex[:10]
     name = f"t_{tag}"
     admin_dsn = pg_server.dsn("postgres")
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     testdb = Database(pg_server, name, f"slot_{tag}", f"pub_{tag}", pg_server.dsn(name))
-    yield testdb
+    try:
+        yield testdb
+    finally:
+        _drop_database(admin_dsn, testdb)
+
+
+def _drop_database(admin_dsn: str, testdb: Database) -> None:
+    name = testdb.name
     for conn in testdb.conns:
         conn.close()
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
@@ -210,22 +226,29 @@ class Pg2Sink:
         self.stop(signal.SIGKILL)
 
 
+def pg2sink_for(
+    db: Database, workdir: Path, *extra: str, env: dict[str, str] | None = None
+) -> Pg2Sink:
+    """A (not started) pg2sink process on `db`'s database, slot and publication."""
+    full_env = clean_env()
+    full_env.update(
+        {
+            "PG2SINK_SOURCE": db.dsn,
+            "PG2SINK_SLOT": db.slot,
+            "PG2SINK_PUBLICATION": db.publication,
+        }
+    )
+    full_env.update(env or {})
+    return Pg2Sink(args=list(extra), env=full_env, workdir=workdir)
+
+
 @pytest.fixture
 def pg2sink_proc(db: Database, tmp_path: Path) -> Iterator[Callable[..., Pg2Sink]]:
     """Factory of pg2sink processes bound to the test database, stopped at teardown."""
     made: list[Pg2Sink] = []
 
     def make(*extra: str, env: dict[str, str] | None = None) -> Pg2Sink:
-        full_env = clean_env()
-        full_env.update(
-            {
-                "PG2SINK_SOURCE": db.dsn,
-                "PG2SINK_SLOT": db.slot,
-                "PG2SINK_PUBLICATION": db.publication,
-            }
-        )
-        full_env.update(env or {})
-        p = Pg2Sink(args=list(extra), env=full_env, workdir=tmp_path)
+        p = pg2sink_for(db, tmp_path, *extra, env=env)
         made.append(p)
         return p
 

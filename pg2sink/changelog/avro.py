@@ -36,11 +36,17 @@ table, so a change only runs the precompiled list; fastavro then writes the prim
 (1) After quantizing to the scale, which never rounds: a value that would need rounding,
     or more digits than the precision, is an error.
 
-Values with no room in their Avro type raise `UnrepresentableValueError` (a terminal
-SinkError naming table, column and value), never a silent null: NaN in numeric(p,s),
-`infinity`/`-infinity`, BC and after-9999 dates and timestamps, time `24:00:00`, and
-multi-dimensional array values (the Avro type describes one dimension). An unconstrained
-numeric is an Avro string, so its NaN and infinities are written as that text.
+Values outside their Avro type's domain are never an error and never null: the fields (and
+array items) of the narrower types have the union ["null", T, "string"]
+(typemap.nullable), and such a value is written in the "string" branch as PostgreSQL's
+text, exactly the string the JSON encoder writes: a PgText (`infinity`/`-infinity`, BC
+and after-9999 dates and timestamps, time `24:00:00`, NaN in numeric(p,s), an array with a
+lower bound other than 1) or the text of a PgArray (several dimensions). The fast path
+does not handle them: their converters raise, and the generic path writes the string.
+float/double write NaN and the infinities as IEEE values; an unconstrained numeric is an
+Avro string, so its NaN and infinities are that text. `UnrepresentableValueError` is left
+for values a column cannot hold (a Decimal with more digits than numeric(p,s) allows).
+See docs/types.md.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from typing import Any
 import fastavro
 
 from pg2sink.changelog.records import Modification, Operation
+from pg2sink.changelog.typemap import PgArray, PgText
 from pg2sink.errors import SinkError
 from pg2sink.logical.messages import UNCHANGED_TOAST
 
@@ -223,22 +230,50 @@ def _decimal(avro: Mapping[str, Any]) -> Converter:
     return convert
 
 
+def _special_text(value: object) -> str | None:
+    """The PostgreSQL text a "string" branch takes for `value`; None if it has none."""
+    if value.__class__ is PgText:
+        return str(value)
+    if value.__class__ is PgArray:
+        text: str = value.text
+        return text
+    return None
+
+
+def _has_text_branch(union: Any) -> bool:
+    """Whether a union is typemap.nullable's ["null", T, "string"]."""
+    return isinstance(union, list) and len(union) == 3 and union[2] == "string"
+
+
 def _array(avro: Mapping[str, Any]) -> Converter | None:
     items = avro["items"]
     item_type = items[1] if isinstance(items, list) else items
     item = converter_for(item_type)
+    text_items = _has_text_branch(items)
 
     def convert(value: object) -> object:
+        if value.__class__ is not list:
+            # a PgText (lower bounds other than 1) or a PgArray (several dimensions)
+            raise _NoAvroValueError(
+                "an array with several dimensions or lower bounds other than 1 has no"
+                " representation in the Avro array type"
+            )
         out: list[object] = []
-        for element in value:  # type: ignore[attr-defined]
-            if element is None:
-                out.append(None)
-            elif element.__class__ is list:
+        for element in value:
+            if element.__class__ is list:
                 raise _NoAvroValueError(
                     "a multi-dimensional array has no representation in the Avro array type"
                 )
+            if element is None or item is None:
+                out.append(element)
             else:
-                out.append(element if item is None else item(element))
+                try:
+                    out.append(item(element))
+                except _NoAvroValueError:
+                    text = _special_text(element) if text_items else None
+                    if text is None:
+                        raise
+                    out.append(text)
         return out
 
     return convert
@@ -401,9 +436,17 @@ def _string(value: str) -> bytes:
 
 
 def _array_writer(avro: Mapping[str, Any]) -> Callable[[object, bytearray], None]:
-    """Writer of a non-null array value (no union branch byte)."""
+    """Writer of a non-null array value (no union branch byte).
+
+    Items that need the "string" branch of ["null", T, "string"] raise: the generic path
+    writes them.
+    """
     items = avro["items"]
-    if not (isinstance(items, list) and len(items) == 2 and items[0] == "null"):
+    if not (
+        isinstance(items, list)
+        and items[0] == "null"
+        and (len(items) == 2 or _has_text_branch(items))
+    ):
         raise _FallbackError
     item = _item_writer(items[1])
 
@@ -535,7 +578,8 @@ def _compile_row(record: Mapping[str, Any]) -> Callable[..., None] | None:
     """fn(row, out, toast): append the record's Avro binary to `out` (None: unsupported).
 
     Fields whose value is UNCHANGED_TOAST are written null and their names appended to
-    `toast`.
+    `toast`. A value that needs the "string" branch of a ["null", T, "string"] field
+    raises (its converter does): the generic path writes it.
     """
     env: dict[str, object] = {
         "_FallbackError": _FallbackError,
@@ -550,7 +594,11 @@ def _compile_row(record: Mapping[str, Any]) -> Callable[..., None] | None:
     try:
         for i, f in enumerate(record["fields"]):
             union = f["type"]
-            if not (isinstance(union, list) and len(union) == 2 and union[0] == "null"):
+            if not (
+                isinstance(union, list)
+                and union[0] == "null"
+                and (len(union) == 2 or _has_text_branch(union))
+            ):
                 return None
             env[f"k{i}"] = f["pg.column"]
             env[f"f{i}"] = f["name"]
@@ -582,7 +630,8 @@ class _RowConverter:
     def __init__(self, table: str, record: Mapping[str, Any]) -> None:
         self._table = table
         self._fields = tuple(
-            (f["pg.column"], f["name"], converter_for(f["type"][1])) for f in record["fields"]
+            (f["pg.column"], f["name"], converter_for(f["type"][1]), _has_text_branch(f["type"]))
+            for f in record["fields"]
         )
 
     def convert(self, row: Mapping[str, object]) -> tuple[dict[str, object], list[str]]:
@@ -590,7 +639,7 @@ class _RowConverter:
         toast: list[str] = []
         column = ""
         try:
-            for column, field, convert in self._fields:
+            for column, field, convert, text_branch in self._fields:
                 value = row.get(column)
                 if value is None:
                     out[field] = None
@@ -601,11 +650,18 @@ class _RowConverter:
                 elif convert is None:
                     out[field] = value
                 else:
-                    out[field] = convert(value)
+                    try:
+                        out[field] = convert(value)
+                    except _NoAvroValueError:
+                        # outside T's domain: PostgreSQL's text in the "string" branch
+                        text = _special_text(value) if text_branch else None
+                        if text is None:
+                            raise
+                        out[field] = text
         except _NoAvroValueError as e:
             raise UnrepresentableValueError(
                 f"cannot write {self._table} column {column!r} value "
-                f"{_preview(row.get(column))} as Avro: {e}; no Avro representation yet"
+                f"{_preview(row.get(column))} as Avro: {e}"
             ) from None
         except (TypeError, ValueError, AttributeError) as e:
             raise SinkError(

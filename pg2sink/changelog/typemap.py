@@ -51,14 +51,16 @@ a consumer always sees what the column was.
 `PgText` marks values kept as PostgreSQL's text because Python has no exact counterpart:
 'NaN', 'Infinity', '-Infinity' (float and numeric), 'infinity' and '-infinity' (date,
 timestamp, timestamptz), dates and timestamps BC ('0044-03-15 BC') or after year 9999
-('12345-01-01'), and time '24:00:00'. They are str, so the JSON encoder writes them as
-strings. An Avro encoder must map them explicitly: float(value) for float/double; for the
-date/time logical types and the decimal of numeric(p,s) (which admits NaN) the Avro type
-has no room for them.
+('12345-01-01'), time '24:00:00', and arrays with a lower bound other than 1
+('[0:1]={1,2}'). They are str, so the JSON encoder writes them as strings. The Avro
+encoder writes float(value) for float/double (IEEE has NaN and the infinities); for the
+other Avro types, which have no room for them, the row schema's union has a "string"
+branch (`nullable`) that takes the same text.
 
 Multi-dimensional arrays: PostgreSQL does not record the number of dimensions in the type
 (int4[] and int4[][] are the same type), so the Avro type describes one dimension while a
-2-D value decodes to a list of lists.
+2-D value decodes to a `PgArray`: a list of lists that also keeps PostgreSQL's text, which
+the Avro encoder writes in the "string" branch. docs/types.md is the user-facing table.
 """
 
 from __future__ import annotations
@@ -79,12 +81,14 @@ from pg2sink.changelog.arrays import parse_array
 from pg2sink.logical.fastpath import register_inline
 
 __all__ = [
+    "PgArray",
     "PgText",
     "RowColumn",
     "ValueCodec",
     "avro_name",
     "avro_row_schema",
     "codec_for",
+    "nullable",
 ]
 
 
@@ -95,6 +99,21 @@ class PgText(str):
 
     def __repr__(self) -> str:
         return f"PgText({str.__repr__(self)})"
+
+
+class PgArray(list[object]):
+    """A multi-dimensional array value: nested lists, plus PostgreSQL's text of the array.
+
+    JSON writes it as the nested lists (orjson writes list subclasses as lists). An Avro
+    array type has one dimension, so the Avro encoder writes `text` instead, in the
+    "string" branch of the field (see `nullable`).
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, items: list[object], text: str) -> None:
+        super().__init__(items)
+        self.text = text
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +245,14 @@ def _json_number(text: bytes) -> object:
     return PgText(text.decode())
 
 
+def _json_float(text: bytes) -> object:
+    # float8out prints negative zero as '-0', which most JSON readers (Python's json,
+    # Jackson) take for the integer 0: '-0.0' keeps the sign, as the decode path writes it.
+    if text == b"-0":
+        return orjson.Fragment(b"-0.0")
+    return _json_number(text)
+
+
 def _decline() -> object:
     raise ValueError("not the common case: let the full converter decide")
 
@@ -238,6 +265,12 @@ register_inline(
     "_jn_fragment(v) if (v := {})[-1] < 58 else _jn_decline()",
     _jn_fragment=orjson.Fragment,
     _jn_decline=_decline,
+)
+register_inline(
+    _json_float,
+    "_jf_fragment(v if v != b'-0' else b'-0.0') if (v := {})[-1] < 58 else _jf_decline()",
+    _jf_fragment=orjson.Fragment,
+    _jf_decline=_decline,
 )
 register_inline(
     _decode_timestamptz,
@@ -359,8 +392,8 @@ _BUILTIN: Mapping[str, _Row] = {
     "cid": _LONG,
     # xid8 is a uint64 whose input accepts up to 2^64 - 1: that can overflow an Avro long.
     "xid8": _TEXT,
-    "float4": _Row({"type": "float"}, _decode_float, to_json=_json_number),
-    "float8": _Row({"type": "double"}, _decode_float, to_json=_json_number),
+    "float4": _Row({"type": "float"}, _decode_float, to_json=_json_float),
+    "float8": _Row({"type": "double"}, _decode_float, to_json=_json_float),
     "numeric": _Row(
         _STRING, _decode_numeric, _numeric_modifier, _numeric_avro, to_json=_json_number
     ),
@@ -441,14 +474,25 @@ def _array_codec(t: PgType, typmod: int) -> ValueCodec:
     # array_out separates elements with the element type's typdelim (';' for box)
     delimiter = t.element.delimiter
 
+    # array_out writes a dimension decoration ('[0:1]={1,2}') only when a lower bound is
+    # not 1. Lists have no lower bounds, so such a value stays PostgreSQL's text (PgText),
+    # checked by the parser first; the common '{...}' value pays one byte comparison.
     def decode(text: bytes) -> object:
-        return parse_array(text, decode_element, delimiter)
+        value = parse_array(text, decode_element, delimiter)
+        if text[:1] != b"{":
+            return PgText(text.decode())
+        if value and value[0].__class__ is list:
+            return PgArray(value, text.decode())
+        return value
 
     def to_json(text: bytes) -> object:
-        return parse_array(text, element_to_json, delimiter)
+        value = parse_array(text, element_to_json, delimiter)
+        if text[:1] != b"{":
+            return PgText(text.decode())
+        return value
 
     pg_type = element.pg_type + "[]"
-    avro = {"type": "array", "items": ["null", element.avro], "pg.type": pg_type}
+    avro = {"type": "array", "items": nullable(element.avro), "pg.type": pg_type}
     return ValueCodec(avro, decode, pg_type, to_json)
 
 
@@ -478,6 +522,32 @@ def codec_for(t: PgType, typmod: int) -> ValueCodec:
 
 
 # --- the Avro schema of a row ---
+
+# Avro types whose domain is narrower than that of the PostgreSQL types mapped to them:
+# infinity, BC and after-9999 dates and timestamps, time '24:00:00', NaN in numeric(p,s),
+# arrays with more than one dimension or with lower bounds other than 1. A field (or array
+# item) of one of these types is the union ["null", T, "string"], and such a value goes in
+# the "string" branch as PostgreSQL's text: the same string the JSON encoder writes for it
+# (a PgText), so a consumer detects it by its type. docs/types.md lists every case.
+_NARROWER_THAN_POSTGRESQL: frozenset[tuple[str, str | None]] = frozenset(
+    {
+        ("int", "date"),
+        ("long", "time-micros"),
+        ("long", "local-timestamp-micros"),
+        ("long", "timestamp-micros"),
+        ("bytes", "decimal"),
+        ("array", None),
+    }
+)
+
+
+def nullable(avro: Mapping[str, Any]) -> list[Any]:
+    """The union a column (or array item) of Avro type `avro` has: null first, then the
+    type, then "string" for the PostgreSQL text of values the type cannot hold."""
+    if (avro["type"], avro.get("logicalType")) in _NARROWER_THAN_POSTGRESQL:
+        return ["null", avro, "string"]
+    return ["null", avro]
+
 
 _NOT_IN_AVRO_NAME = re.compile(r"[^A-Za-z0-9_]")
 
@@ -527,7 +597,7 @@ def avro_row_schema(
             {
                 "name": field_name,
                 # copied so that the schema shares no mutable state with the codec
-                "type": ["null", copy.deepcopy(column.codec.avro)],
+                "type": nullable(copy.deepcopy(column.codec.avro)),
                 "default": None,
                 "pg.column": column.name,
                 "pg.key": column.is_key,

@@ -17,6 +17,7 @@ from typing import Any
 from uuid import UUID
 
 import fastavro
+import orjson
 import pytest
 
 from pg2sink.catalog.types import PgType
@@ -26,6 +27,7 @@ from pg2sink.changelog.avro import (
     envelope_schema,
     key_schema,
 )
+from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Modification, Operation
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import SinkError
@@ -182,27 +184,73 @@ def test_float_specials_are_ieee_values() -> None:
 
 
 @pytest.mark.parametrize(
-    ("column", "text", "shown"),
+    ("column", "text"),
     [
-        ("n", b"NaN", "'NaN'"),
-        ("d", b"infinity", "'infinity'"),
-        ("d", b"0044-03-15 BC", "'0044-03-15 BC'"),
-        ("ts", b"-infinity", "'-infinity'"),
-        ("tstz", b"12345-01-01 00:00:00+00", "'12345-01-01 00:00:00+00'"),
-        ("tm", b"24:00:00", "'24:00:00'"),
-        ("ai", b"{{1,2},{3,4}}", "[[1, 2], [3, 4]]"),
+        ("n", b"NaN"),
+        ("d", b"infinity"),
+        ("d", b"-infinity"),
+        ("d", b"0044-03-15 BC"),
+        ("d", b"12345-01-01"),
+        ("ts", b"-infinity"),
+        ("ts", b"0044-03-15 10:00:00.5 BC"),
+        ("tstz", b"infinity"),
+        ("tstz", b"12345-01-01 00:00:00+00"),
+        ("tm", b"24:00:00"),
+        ("ai", b"{{1,2},{3,NULL}}"),
+        ("ai", b"[0:1]={1,2}"),
+        ("ai", b"[0:1][1:1]={{1},{2}}"),
     ],
 )
-def test_values_without_avro_representation_stop_with_a_clear_error(
-    column: str, text: bytes, shown: str
+def test_values_outside_the_avro_type_are_postgresql_text_in_the_string_branch(
+    column: str, text: bytes
 ) -> None:
     encoder = TableEncoder("public", "all types", row_schema())
     row = decode_row({"id": b"1", column: text})
+    body = encoder.encode_value(modification(row))
+    assert read(encoder.value, body)["after"][column] == text.decode()
+    # the same string JSON writes (to_json is the file sink's path)
+    codec = {n: codec_for(t, m) for n, t, m, _ in COLUMNS}[column]
+    assert orjson.loads(dumps(codec.to_json(text))) in (
+        text.decode(),
+        orjson.loads(dumps(row[column])),
+    )
+    assert orjson.loads(dumps(row[column])) == orjson.loads(dumps(codec.to_json(text)))
+    # a consumer tells it apart by the branch: index 2 of ["null", T, "string"]
+    field = next(f for f in encoder.value["fields"][7]["type"][1]["fields"] if f["name"] == column)
+    assert field["type"][2] == "string"
+
+
+def test_array_items_outside_the_avro_type_are_text_items() -> None:
+    columns = [
+        RowColumn("id", codec_for(builtin("int8"), -1), True),
+        RowColumn("ds", codec_for(array_of(builtin("date")), -1), False),
+        RowColumn("ns", codec_for(array_of(builtin("numeric")), numeric_typmod(5, 2)), False),
+        RowColumn("fs", codec_for(array_of(builtin("float8")), -1), False),
+    ]
+    row_record = avro_row_schema("public", "arrays", columns)
+    encoder = TableEncoder("public", "arrays", row_record)
+    row = {
+        "id": 1,
+        "ds": columns[1].codec.decode(b'{infinity,2024-02-29,NULL,"0001-01-01 BC"}'),
+        "ns": columns[2].codec.decode(b"{NaN,1.50}"),
+        "fs": columns[3].codec.decode(b"{NaN,-Infinity,-0}"),
+    }
+    m = Modification(T, 0, 1, 2, Operation.INSERT, "public", "arrays", None, row)
+    after = read(encoder.value, encoder.encode_value(m))["after"]
+    assert after["ds"] == ["infinity", date(2024, 2, 29), None, "0001-01-01 BC"]
+    assert after["ns"] == ["NaN", Decimal("1.50")]
+    assert math.isnan(after["fs"][0]) and after["fs"][1] == -math.inf
+    assert math.copysign(1.0, after["fs"][2]) == -1.0  # -0 keeps its sign
+
+
+def test_a_plain_list_of_lists_still_stops_with_a_clear_error() -> None:
+    # A PgArray carries PostgreSQL's text; a bare nested list (not from the decoders) has
+    # no text to write, so it is an error naming the column, never a null.
+    encoder = TableEncoder("public", "all types", row_schema())
     with pytest.raises(UnrepresentableValueError) as e:
-        encoder.encode_value(modification(row))
+        encoder.encode_value(modification({"id": 1, "ai": [[1, 2], [3, 4]]}))
     assert isinstance(e.value, SinkError) and not e.value.retryable
-    message = str(e.value)
-    assert "public.all types" in message and repr(column) in message and shown in message
+    assert "public.all types" in str(e.value) and "'ai'" in str(e.value)
 
 
 def test_decimal_is_quantized_to_the_scale_never_rounded() -> None:

@@ -15,13 +15,16 @@ from typing import Any
 import pytest
 
 from pg2sink.catalog.types import PgType
+from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.typemap import (
+    PgArray,
     PgText,
     RowColumn,
     ValueCodec,
     avro_name,
     avro_row_schema,
     codec_for,
+    nullable,
 )
 
 
@@ -460,8 +463,66 @@ def test_int_array() -> None:
     assert c.pg_type == "int4[]"
     assert c.decode(b"{1,2,NULL}") == [1, 2, None]
     assert c.decode(b"{{1,2},{3,4}}") == [[1, 2], [3, 4]]
-    assert c.decode(b"[0:1]={1,2}") == [1, 2]
     assert c.decode(b"{}") == []
+
+
+def test_arrays_lists_cannot_hold_keep_postgresql_text() -> None:
+    c = codec_for(array_of(builtin("int4")), -1)
+    # lists have no lower bounds: '[0:1]={1,2}' stays text, in both paths
+    for convert in (c.decode, c.to_json):
+        value = convert(b"[0:1]={1,2}")
+        assert value.__class__ is PgText and value == "[0:1]={1,2}"
+        assert convert(b"[1:1][0:1]={{1,2}}") == PgText("[1:1][0:1]={{1,2}}")
+    with pytest.raises(ValueError):
+        c.decode(b"[0:1]={1,x}")  # still checked
+    # several dimensions: nested lists that keep the text (for Avro's one-dimension arrays)
+    value = c.decode(b"{{1,2},{3,NULL}}")
+    assert value.__class__ is PgArray and value == [[1, 2], [3, None]]
+    assert value.text == "{{1,2},{3,NULL}}"
+    assert dumps(value) == dumps(c.to_json(b"{{1,2},{3,NULL}}")) == b"[[1,2],[3,null]]"
+    assert c.decode(b"{1,2}").__class__ is list
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("float8", b"-0"),
+        ("float4", b"-0"),
+        ("float8", b"0.1"),
+        ("float8", b"NaN"),
+        ("float4", b"-Infinity"),
+        ("numeric", b"0.00000001"),
+        ("numeric", b"NaN"),
+        ("bytea", b"\\x00ff"),
+        ("_int4", b"[0:1]={1,2}"),
+        ("_int4", b"{{1,NULL},{3,4}}"),
+        ("_float8", b"{-0,NaN,1.5}"),
+        ("_date", b"{infinity,2024-01-01}"),
+    ],
+)
+def test_json_fast_path_writes_what_decode_writes(name: str, text: bytes) -> None:
+    t = array_of(builtin(name[1:])) if name.startswith("_") else builtin(name)
+    c = codec_for(t, -1)
+    assert dumps(c.to_json(text)) == dumps(c.decode(text))
+
+
+def test_narrower_avro_types_get_a_string_branch() -> None:
+    narrower = [
+        codec("date"),
+        codec("time"),
+        codec("timestamp"),
+        codec("timestamptz"),
+        codec_for(builtin("numeric"), 655366),
+        codec_for(array_of(builtin("int4")), -1),
+    ]
+    for c in narrower:
+        assert nullable(c.avro) == ["null", c.avro, "string"], c.pg_type
+    for name in ("int8", "float8", "text", "bytea", "uuid", "bool", "numeric", "jsonb"):
+        assert nullable(codec(name).avro) == ["null", codec(name).avro], name
+    dates = codec_for(array_of(builtin("date")), -1)
+    assert dates.avro["items"] == ["null", codec("date").avro, "string"]
+    row = avro_row_schema("public", "t", [RowColumn("d", codec("date"), False)])
+    assert row["fields"][0]["type"] == ["null", codec("date").avro, "string"]
 
 
 def test_array_modifier_belongs_to_the_element() -> None:

@@ -95,6 +95,7 @@ def test_begin_and_commit_fields_agree_with_decode() -> None:
 # Text forms as PostgreSQL prints them (DateStyle=ISO, TimeZone=UTC), common and not.
 INLINE_SAMPLES: dict[Callable[[bytes], object], list[bytes]] = {
     typemap._json_number: [b"12.50", b"-0.001", b"1e+20", b"0", b"NaN", b"Infinity", b"-Infinity"],
+    typemap._json_float: [b"0.1", b"-0", b"1e+20", b"-1.5e-45", b"NaN", b"-Infinity"],
     typemap._decode_timestamptz: [
         b"2024-05-01 10:00:00+00",
         b"2024-05-01 10:00:00.123456+00",

@@ -1,0 +1,222 @@
+"""Planning an import: a table's columns, key, and the partitions Spark reads in parallel.
+
+`plan_import` runs inside the job's snapshot (REPEATABLE READ + SET TRANSACTION SNAPSHOT),
+so what it sees is what the readers will see. Each partition is one SQL boolean
+expression over the table; together they select every row exactly once:
+
+- a primary key (one column of any type, or several): boundaries are key values taken
+  from a sample of the table at evenly spaced ranks in key order (so skewed or sparse
+  keys still give partitions of similar size), and partition i is
+  `(k1, k2, ...) >= b(i) AND (k1, k2, ...) < b(i+1)` (row comparison, which a btree on
+  the key serves; the first has no lower bound, the last no upper bound). The boundary
+  values are the key's text form cast back to the column type, so they compare with
+  the column's own operators and collation, as the sample's ORDER BY did.
+- no primary key: ranges of heap pages, `ctid >= '(p,0)' AND ctid < '(q,0)'`, which
+  PostgreSQL 14+ reads with a TID range scan. Every visible row version lies in a page
+  that existed when planning ran (rows are never moved while a snapshot that sees them
+  is held), and the last range is open-ended anyway. A partitioned table without a key
+  is read as one partition (its ctids are per leaf).
+
+The predicates are rendered to text once here and stored with the job, so a resumed job
+reads exactly the partitions it planned: boundaries never move between attempts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pg2sink.catalog.server import primary_key_columns
+
+__all__ = ["ImportColumn", "ImportPlan", "TableNotFoundError", "plan_import"]
+
+log = logging.getLogger(__name__)
+
+#: Sampled keys per partition: enough that a partition's size is within a few percent of
+#: its share (rank error of a quantile from n samples ~ 1/sqrt(n)).
+SAMPLE_PER_PARTITION = 400
+#: Below this many rows the whole key is read instead of a sample.
+FULL_SCAN_ROWS = 50_000
+#: Fewer rows than this per partition is not worth a Spark task.
+MIN_ROWS_PER_PARTITION = 10_000
+
+
+class TableNotFoundError(LookupError):
+    """The table does not exist (in the snapshot)."""
+
+
+@dataclass(frozen=True)
+class ImportColumn:
+    name: str
+    type_oid: int
+    typmod: int
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    schema: str
+    table: str
+    columns: tuple[ImportColumn, ...]
+    """In attnum order, dropped columns excluded."""
+    primary_key: tuple[str, ...]
+    """Primary-key columns in key order; () when none."""
+    predicates: tuple[str, ...]
+    """One SQL boolean expression per partition; partition number = index."""
+    rows_estimated: int
+
+
+def _table_info(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple[int, str]:
+    """(oid, relkind) of schema.table; TableNotFoundError when missing."""
+    row = conn.execute(
+        "SELECT c.oid, c.relkind::text FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+        (schema, table),
+    ).fetchone()
+    if row is None:
+        raise TableNotFoundError(f"table {schema}.{table} does not exist")
+    return int(row[0]), str(row[1])
+
+
+def table_columns(conn: psycopg.Connection[Any], relid: int) -> tuple[ImportColumn, ...]:
+    """The live columns of a table in attnum order."""
+    rows = conn.execute(
+        "SELECT attname, atttypid::int, atttypmod FROM pg_attribute"
+        " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+        (relid,),
+    ).fetchall()
+    return tuple(ImportColumn(str(r[0]), int(r[1]), int(r[2])) for r in rows)
+
+
+def _row_count(conn: psycopg.Connection[Any], relid: int, target: sql.Composable) -> int:
+    """The planner's density (rows per page at the last ANALYZE) times the current size,
+    as PostgreSQL's own estimate does; an exact count for a table never analysed or
+    small enough that counting is cheap."""
+    row = conn.execute(
+        "SELECT reltuples::bigint, relpages::bigint,"
+        " pg_relation_size(oid) / current_setting('block_size')::bigint"
+        " FROM pg_class WHERE oid = %s",
+        (relid,),
+    ).fetchone()
+    assert row is not None
+    reltuples, relpages, pages = (int(v) for v in row)
+    if reltuples > 0 and relpages > 0 and reltuples * pages // relpages > FULL_SCAN_ROWS:
+        return reltuples * pages // relpages
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _partition_count(rows: int, target_partitions: int) -> int:
+    return max(1, min(target_partitions, rows // MIN_ROWS_PER_PARTITION))
+
+
+def plan_import(
+    conn: psycopg.Connection[Any], schema: str, table: str, *, target_partitions: int
+) -> ImportPlan:
+    """The plan of an import of schema.table; see the module docstring.
+
+    `conn` is already inside the job's snapshot. Raises TableNotFoundError when the table
+    does not exist there.
+    """
+    relid, relkind = _table_info(conn, schema, table)
+    columns = table_columns(conn, relid)
+    key = primary_key_columns(conn, relid)
+    target = sql.Identifier(schema, table)
+    rows = _row_count(conn, relid, target)
+    n = _partition_count(rows, max(1, target_partitions))
+    if n == 1:
+        parts: list[sql.Composable] = [sql.SQL("TRUE")]
+    elif key:
+        parts = _key_ranges(conn, target, relid, key, rows, n)
+    elif relkind == "r":
+        parts = _page_ranges(conn, relid, n)
+    else:
+        parts = [sql.SQL("TRUE")]
+    predicates = tuple(p.as_string(conn) for p in parts)
+    log.debug("import of %s.%s planned: %d partitions", schema, table, len(predicates))
+    return ImportPlan(schema, table, columns, key, predicates, rows)
+
+
+def _key_ranges(
+    conn: psycopg.Connection[Any],
+    target: sql.Composable,
+    relid: int,
+    key: tuple[str, ...],
+    rows: int,
+    n: int,
+) -> list[sql.Composable]:
+    """Row-comparison ranges on the key, from n-1 boundaries at evenly spaced ranks."""
+    cols = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+    texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in key)
+    if rows <= FULL_SCAN_ROWS:
+        source: sql.Composable = target
+    else:
+        # SYSTEM samples whole pages (cheap on a large table); REPEATABLE makes a re-plan
+        # of the same data give the same boundaries
+        percent = min(100.0, 100.0 * SAMPLE_PER_PARTITION * n / rows)
+        source = sql.SQL("{} TABLESAMPLE SYSTEM ({}) REPEATABLE (0)").format(
+            target, sql.Literal(percent)
+        )
+    # the first key of buckets 2..n of the (sampled) keys in key order
+    query = sql.SQL(
+        "SELECT DISTINCT ON (bucket) {texts} FROM (SELECT {cols},"
+        " ntile({n}) OVER (ORDER BY {cols}) AS bucket FROM {source}) AS s"
+        " WHERE bucket > 1 ORDER BY bucket, {cols}"
+    ).format(texts=texts, cols=cols, n=sql.Literal(n), source=source)
+    boundaries = [tuple(r) for r in conn.execute(query).fetchall()]
+    types = _key_types(conn, relid, key)
+    values = [
+        sql.SQL(", ").join(
+            sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(t))
+            for v, t in zip(b, types, strict=True)
+        )
+        for b in boundaries
+    ]
+    left = cols if len(key) == 1 else sql.SQL("({})").format(cols)
+    bounds = [v if len(key) == 1 else sql.SQL("({})").format(v) for v in values]
+    return _ranges(left, bounds)
+
+
+def _key_types(conn: psycopg.Connection[Any], relid: int, key: tuple[str, ...]) -> list[str]:
+    """format_type() of each key column: a type name PostgreSQL itself quotes as needed,
+    so it is safe to splice after '::'."""
+    rows = conn.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+        " WHERE attrelid = %s AND attname = ANY(%s)",
+        (relid, list(key)),
+    ).fetchall()
+    by_name = {str(r[0]): str(r[1]) for r in rows}
+    return [by_name[k] for k in key]
+
+
+def _page_ranges(conn: psycopg.Connection[Any], relid: int, n: int) -> list[sql.Composable]:
+    """ctid ranges of about equal numbers of heap pages."""
+    row = conn.execute(
+        "SELECT pg_relation_size(%s) / current_setting('block_size')::bigint", (relid,)
+    ).fetchone()
+    assert row is not None
+    pages = int(row[0])
+    if pages < n:
+        return [sql.SQL("TRUE")]
+    bounds: list[sql.Composable] = [
+        sql.SQL("{}::tid").format(sql.Literal(f"({pages * i // n},0)")) for i in range(1, n)
+    ]
+    return _ranges(sql.SQL("ctid"), bounds)
+
+
+def _ranges(left: sql.Composable, bounds: Sequence[sql.Composable]) -> list[sql.Composable]:
+    """`left < b1`, `left >= b1 AND left < b2`, ..., `left >= b(n-1)`."""
+    if not bounds:
+        return [sql.SQL("TRUE")]
+    out: list[sql.Composable] = [sql.SQL("{} < {}").format(left, bounds[0])]
+    for lo, hi in pairwise(bounds):
+        out.append(sql.SQL("{} >= {} AND {} < {}").format(left, lo, left, hi))
+    out.append(sql.SQL("{} >= {}").format(left, bounds[-1]))
+    return out
