@@ -30,7 +30,7 @@ from pg2sink.errors import ConfigError, Pg2SinkError
 
 log = logging.getLogger(__name__)
 
-COMMANDS = ("stream", "drop", "status")
+COMMANDS = ("stream", "drop", "status", "migrate", "import")
 EXIT_USAGE = 2
 
 # Secrets registered for redaction: logs redact them (logs.add_secret), and so does the
@@ -100,7 +100,7 @@ def _add(
     group.add_argument(*flags, default=value, help=f"{help}{shown} [env: {env}]", **kwargs)
 
 
-def _add_source_options(p: argparse.ArgumentParser) -> None:
+def _add_source_options(p: argparse.ArgumentParser, *, patterns: bool = True) -> None:
     g = p.add_argument_group("source")
     _add(
         g,
@@ -120,6 +120,15 @@ def _add_source_options(p: argparse.ArgumentParser) -> None:
     )
     _add(
         g,
+        "--internal-schema",
+        default="pg2sink",
+        help="pg2sink's own schema (import jobs; created by the migrations, never published)",
+        metavar="NAME",
+    )
+    if not patterns:  # `pg2sink import` has its own --table
+        return
+    _add(
+        g,
         "-t",
         "--table",
         repeat=True,
@@ -134,6 +143,52 @@ def _add_source_options(p: argparse.ArgumentParser) -> None:
         help="never tables matching this psql pattern; wins over -t; repeatable",
         metavar="PATTERN",
     )
+
+
+def _add_import_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("imports (docs/imports.md)")
+    _add(
+        g,
+        "--no-imports",
+        action="store_const",
+        const=True,
+        help="stream only: do not import the rows tables hold when they join the publication "
+        "(no import jobs are created or run)",
+    )
+    _add(
+        g,
+        "--import-backoff-base",
+        default="10s",
+        type=_duration,
+        help="wait before retrying a failed import",
+        metavar="DURATION",
+    )
+    _add(
+        g,
+        "--import-backoff-factor",
+        default="2",
+        type=_factor,
+        help="each further failure of an import multiplies the wait by this",
+        metavar="FACTOR",
+    )
+    _add(
+        g,
+        "--import-backoff-max",
+        default="10m",
+        type=_duration,
+        help="longest wait between two attempts of an import",
+        metavar="DURATION",
+    )
+
+
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid factor {text!r} (a number >= 1)") from None
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"factor {text!r} must be at least 1")
+    return value
 
 
 def _add_logging_options(p: argparse.ArgumentParser) -> None:
@@ -220,6 +275,58 @@ def _add_kafka_options(p: argparse.ArgumentParser) -> None:
         help="also publish Schema records as JSON to this topic, keyed by schema.table",
         metavar="TOPIC",
     )
+    _add(
+        g,
+        "--message-topic",
+        help="topic of Message records (--messages), JSON; default PREFIX.messages",
+        metavar="TOPIC",
+    )
+
+
+def _add_change_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what is streamed (docs/changes.md)")
+    _add(
+        g,
+        "--publish-via-partition-root",
+        action="store_const",
+        const=True,
+        help="changes of partitions arrive under their partitioned table's name "
+        "(publication option publish_via_partition_root; changing it alters the publication)",
+    )
+    _add(
+        g,
+        "--messages",
+        action="store_const",
+        const=True,
+        help="forward pg_logical_emit_message() messages as Message records",
+    )
+    _add(
+        g,
+        "--message-prefix",
+        repeat=True,
+        help="with --messages, only messages with this prefix; repeatable",
+        metavar="PREFIX",
+    )
+
+
+def _add_streaming_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("large transactions (docs/large-transactions.md)")
+    _add(
+        g,
+        "--streaming",
+        action="store_const",
+        const=True,
+        help="have PostgreSQL 14+ stream transactions larger than logical_decoding_work_mem "
+        "while they run (protocol v2); pg2sink spills them to --spill-dir and writes them "
+        "at commit, so a large transaction reaches the sink sooner after its COMMIT",
+    )
+    _add(
+        g,
+        "--spill-dir",
+        help="with --streaming, directory for in-progress transactions; its *.spill files "
+        "are deleted at start (default: <temp dir>/pg2sink-spill-<slot>)",
+        metavar="DIR",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
         "advance the slot",
     )
     _add_kafka_options(stream)
+    _add_change_options(stream)
+    _add_streaming_options(stream)
     g = stream.add_argument_group("timing")
     _add(
         g,
@@ -311,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(port 0: any free port, logged at start; 'off': no listener)",
         metavar="HOST:PORT",
     )
+    _add_import_options(stream)
     _add_logging_options(stream)
 
     drop = sub.add_parser(
@@ -331,6 +441,37 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_options(status)
     status.add_argument("--json", action="store_true", help="print one JSON object")
     _add_logging_options(status)
+
+    migrate = sub.add_parser(
+        "migrate",
+        help="create or upgrade pg2sink's internal schema, then exit",
+        description="Apply the SQL migrations (yoyo-migrations) that create or upgrade the "
+        "internal schema (--internal-schema). `pg2sink stream` also applies them at start.",
+    )
+    _add_source_options(migrate, patterns=False)
+    _add_logging_options(migrate)
+
+    imp = sub.add_parser(
+        "import",
+        help="re-import tables (or list the import jobs), then exit",
+        description="Expire a table's current import job and create a new one; the running "
+        "`pg2sink stream` picks it up (its rows are written as IMPORT records). With --list, "
+        "show the import jobs instead.",
+    )
+    _add_source_options(imp, patterns=False)
+    g = imp.add_argument_group("import")
+    g.add_argument(
+        "-t",
+        "--table",
+        dest="import_tables",
+        action="append",
+        metavar="SCHEMA.TABLE",
+        help="table to import again; repeatable",
+    )
+    g.add_argument("--list", action="store_true", help="list the import jobs")
+    g.add_argument("--all", action="store_true", help="with --list, expired jobs too")
+    g.add_argument("--json", action="store_true", help="with --list, print JSON")
+    _add_logging_options(imp)
     return parser
 
 
@@ -343,8 +484,12 @@ def _source_config(args: argparse.Namespace) -> SourceConfig:
         publication=args.publication,
         slot=args.slot,
         schemas=tuple(args.schema or ["public"]),
-        tables=tuple(args.table or ()),
-        exclude_tables=tuple(args.exclude_table or ()),
+        tables=tuple(getattr(args, "table", None) or ()),
+        exclude_tables=tuple(getattr(args, "exclude_table", None) or ()),
+        internal_schema=args.internal_schema,
+        # a `stream` option: drop and status do not have it
+        publish_via_partition_root=bool(getattr(args, "publish_via_partition_root", False))
+        or _bool_env("PG2SINK_PUBLISH_VIA_PARTITION_ROOT"),
     )
 
 
@@ -364,6 +509,7 @@ def _kafka_config(args: argparse.Namespace) -> KafkaConfig:
         fallback_topic=args.fallback_topic or None,
         tombstones=bool(args.tombstones) or _bool_env("PG2SINK_TOMBSTONES"),
         schema_topic=args.schema_topic or None,
+        message_topic=args.message_topic or None,
     )
     for secret in cfg.secrets():
         _add_secret(secret)
@@ -375,6 +521,9 @@ def _kafka_config(args: argparse.Namespace) -> KafkaConfig:
 
 
 def _stream_config(args: argparse.Namespace) -> StreamConfig:
+    messages = bool(args.messages) or _bool_env("PG2SINK_MESSAGES")
+    if args.message_prefix and not messages:
+        raise ConfigError("--message-prefix filters --messages: add --messages")
     return StreamConfig(
         source=_source_config(args),
         sink=args.sink,
@@ -387,6 +536,14 @@ def _stream_config(args: argparse.Namespace) -> StreamConfig:
         retry_interval=args.retry_interval,
         kafka=_kafka_config(args) if args.sink == "kafka" else None,
         metrics_address=args.metrics_address,
+        messages=messages,
+        message_prefixes=tuple(args.message_prefix or ()),
+        streaming=bool(args.streaming) or _bool_env("PG2SINK_STREAMING"),
+        spill_dir=args.spill_dir or None,
+        imports=not (bool(args.no_imports) or _bool_env("PG2SINK_NO_IMPORTS")),
+        import_backoff_base=args.import_backoff_base,
+        import_backoff_factor=args.import_backoff_factor,
+        import_backoff_max=args.import_backoff_max,
     )
 
 
@@ -411,6 +568,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(status_cmd.as_json(result), indent=2))
             else:
                 print(status_cmd.render(result))
+            return 0
+        if args.command == "migrate":
+            from pg2sink.imports.migrate import apply_migrations
+
+            src = _source_config(args)
+            applied = apply_migrations(src.dsn, src.internal_schema)
+            print(
+                f"applied {len(applied)} migration(s) to schema {src.internal_schema}"
+                + (": " + ", ".join(applied) if applied else " (it was up to date)")
+            )
+            return 0
+        if args.command == "import":
+            from pg2sink import status as status_cmd
+
+            src = _source_config(args)
+            if args.list or not args.import_tables:
+                if not args.list:
+                    raise ConfigError("pg2sink import needs --table SCHEMA.TABLE or --list")
+                found = status_cmd.import_jobs(src, include_expired=args.all)
+                if args.json:
+                    print(json.dumps([j.as_json() for j in found], indent=2))
+                else:
+                    print("\n".join(status_cmd.render_jobs(found)))
+                return 0
+            for line in status_cmd.request_imports(src, args.import_tables):
+                print(line)
             return 0
         if args.command == "drop":
             from pg2sink.service import run_drop

@@ -180,6 +180,8 @@ class KafkaConfig:
     """Follow each DELETE with a null-value message for its key (log compaction)."""
     schema_topic: str | None = None
     """Also publish Schema records, as JSON, to this topic keyed by 'schema.table'."""
+    message_topic: str | None = None
+    """Topic of Message records (--messages); None: '<topic_prefix>.messages'."""
 
     def secrets(self) -> list[str]:
         """Every secret value of this configuration (for log redaction)."""
@@ -224,6 +226,9 @@ class SourceConfig:
     """psql-style patterns of tables to exclude; wins over `tables`."""
     internal_schema: str = "pg2sink"
     """pg2sink's own schema, never published."""
+    publish_via_partition_root: bool = False
+    """Publication option publish_via_partition_root: a partition's changes arrive under
+    its partitioned root's name (--publish-via-partition-root)."""
 
 
 @dataclass(frozen=True)
@@ -251,5 +256,23 @@ class StreamConfig:
     """Kafka sink settings (set when sink is 'kafka')."""
     metrics_address: str = "127.0.0.1:9525"
     """HOST:PORT of the HTTP API and Prometheus /metrics; 'off' disables it."""
+    messages: bool = False
+    """Forward pg_logical_emit_message() messages as Message records (--messages)."""
+    message_prefixes: tuple[str, ...] = ()
+    """Only messages with one of these prefixes (--message-prefix); empty: all."""
+    streaming: bool = False
+    """Have PostgreSQL 14+ stream large in-progress transactions (protocol v2), spilled
+    to `spill_dir` until they commit (--streaming; docs/large-transactions.md)."""
+    spill_dir: str | None = None
+    """Where streamed transactions are spilled; None: <temp dir>/pg2sink-spill-<slot>."""
+    imports: bool = True
+    """Import each table's existing rows when it joins the publication (docs/imports.md);
+    False with --no-imports."""
+    import_backoff_base: float = 10.0
+    """Seconds before the first retry of a failed import."""
+    import_backoff_factor: float = 2.0
+    """Each further failure multiplies the delay by this."""
+    import_backoff_max: float = 600.0
+    """Longest delay between two attempts of an import."""
     secrets: tuple[str, ...] = field(default=(), repr=False)
     """Strings that must never appear in output (passwords)."""

@@ -13,17 +13,25 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import TextIO
+
+import psycopg
+from psycopg.rows import TupleRow
 
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.catalog.server import check_server, connect
 from pg2sink.config import SourceConfig, StreamConfig
 from pg2sink.errors import ConfigError, Pg2SinkError, SinkError
+from pg2sink.imports import jobs
+from pg2sink.imports.engine import ImportEngine
+from pg2sink.imports.gate import ImportGate
+from pg2sink.imports.migrate import apply_migrations
 from pg2sink.observability.http import Server, start_http_server
 from pg2sink.observability.position import server_position
 from pg2sink.observability.stats import LogCounter, StreamStats
-from pg2sink.publication.manager import PublicationManager
+from pg2sink.publication.manager import PublicationManager, Reconciliation, Table
 from pg2sink.publication.patterns import TableFilter
 from pg2sink.sinks.base import Sink
 from pg2sink.sinks.file import FileSink
@@ -31,6 +39,11 @@ from pg2sink.subscription.handlers import ChangelogHandler, DecodeOnlyHandler
 from pg2sink.subscription.replication import ReplicationStream
 from pg2sink.subscription.slot import drop_slot, ensure_slot
 from pg2sink.subscription.stream import ChangeHandler, StopRequested, Streamer
+from pg2sink.subscription.streaming import (
+    StreamingHandler,
+    check_streaming_server,
+    default_spill_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +89,11 @@ class StreamService:
         self.started = False
         self.http: Server | None = None
         self.stats = StreamStats()
+        #: imports (docs/imports.md): the stream's gate and the job thread, unless
+        #: --no-imports or --decode-only
+        self.imports = cfg.imports and not cfg.decode_only
+        self.gate: ImportGate | None = ImportGate() if self.imports else None
+        self.engine: ImportEngine | None = None
         self.stats.info.update(
             slot=cfg.source.slot,
             publication=cfg.source.publication,
@@ -101,6 +119,8 @@ class StreamService:
             self.stats.count_error(e)
             raise
         finally:
+            if self.engine is not None:
+                self.engine.stop()
             if sink is not None:
                 sink.close()
             if out is not None and out is not sys.stdout:
@@ -155,21 +175,40 @@ class StreamService:
             conn = connect(src.dsn)
             stack.callback(conn.close)
             check_server(conn)
+            if not self.cfg.decode_only and not self.started:
+                apply_migrations(src.dsn, src.internal_schema)
+            if self.cfg.streaming:
+                check_streaming_server(conn.info.server_version)
             manager = PublicationManager(
-                conn, src.publication, src.schemas, self.table_filter, src.internal_schema
+                conn,
+                src.publication,
+                src.schemas,
+                self.table_filter,
+                src.internal_schema,
+                publish_via_partition_root=src.publish_via_partition_root,
+                on_change=self._membership_changed if self.imports else None,
             )
             stats = self.stats
 
             def poll() -> None:
                 """Every --publication-poll-interval: membership, then the server's position."""
-                stats.publication_tables = len(manager.reconcile().members)
+                stats.publication_tables = len(self._reconcile(manager).members)
                 stats.set_server_position(server_position(conn, src.slot))
 
-            stats.publication_tables = len(manager.reconcile().members)
+            stats.publication_tables = len(self._reconcile(manager).members)
+            if self.imports and self.engine is None:
+                self.engine = ImportEngine(self.cfg, self.stats, self.gate or ImportGate())
+                self.engine.start()
             ensure_slot(conn, src.slot)
             repl = ReplicationStream(connect(src.dsn, replication=True))
             stack.callback(repl.close)
-            repl.start(src.slot, src.publication)
+            repl.start(
+                src.slot,
+                src.publication,
+                streaming=self.cfg.streaming,
+                # pgoutput sends logical decoding messages only when asked
+                extra_options=[("messages", "true")] if self.cfg.messages else [],
+            )
             stats.replication_up()
             stats.sink_up()
             stats.set_server_position(server_position(conn, src.slot))
@@ -184,7 +223,22 @@ class StreamService:
                 handler = DecodeOnlyHandler(out)
             else:
                 assert sink is not None
-                handler = ChangelogHandler(Catalog(conn), sink, stats)
+                changelog = ChangelogHandler(
+                    Catalog(conn),
+                    sink,
+                    stats,
+                    messages=self.cfg.messages,
+                    message_prefixes=self.cfg.message_prefixes,
+                )
+                handler = changelog
+                if self.gate is not None:
+                    self.gate.attach(changelog.builder)
+                if self.cfg.streaming:
+                    # created after START_REPLICATION took the slot: it deletes old spills
+                    handler = spilling = StreamingHandler(
+                        changelog, self.cfg.spill_dir or default_spill_dir(src.slot)
+                    )
+                    stack.callback(spilling.discard_spills)
             streamer = Streamer(
                 repl,
                 handler,
@@ -196,7 +250,35 @@ class StreamService:
                 stop=self.stop,
                 stats=stats,
             )
+            if isinstance(handler, StreamingHandler):
+                handler.progress = streamer.tick  # housekeeping during long replays
             streamer.run()
+
+    def _membership_changed(
+        self,
+        conn: psycopg.Connection[TupleRow],
+        joined: Sequence[Table],
+        left: Sequence[Table],
+    ) -> None:
+        """In the reconcile transaction: a job per joined table, left tables' jobs expire."""
+        src = self.cfg.source
+        jobs.expire_jobs(
+            conn, src.internal_schema, src.publication, [(t.schema, t.name) for t in left]
+        )
+        jobs.create_jobs(
+            conn, src.internal_schema, src.publication, [(t.schema, t.name) for t in joined]
+        )
+
+    def _reconcile(self, manager: PublicationManager) -> Reconciliation:
+        rec = manager.reconcile()
+        if self.gate is not None and rec.joined:
+            for t in rec.joined:
+                if not t.has_primary_key and t.replica_identity != "i":
+                    # until its import, a keyless table's changes are in the import to come
+                    self.gate.pending(t.schema, t.name)
+            if self.engine is not None:
+                self.engine.wake()
+        return rec
 
 
 def run_stream(cfg: StreamConfig) -> None:

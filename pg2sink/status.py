@@ -1,8 +1,8 @@
-"""`pg2sink status`: the slot, the publication and the imports, read from PostgreSQL.
+"""`pg2sink status` and `pg2sink import`: the slot, the publication and the import jobs.
 
-Everything comes from the server's catalog and statistics views, so it works
-whether or not a pg2sink is running (and from another host): a readable
-summary by default, `--json` for scripts.
+Everything comes from the server's catalog and statistics views and the internal
+schema, so it works whether or not a pg2sink is running (and from another host): a
+readable summary by default, `--json` for scripts.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from psycopg.rows import TupleRow
 
 from pg2sink.catalog.server import connect
 from pg2sink.config import SourceConfig
+from pg2sink.errors import ConfigError
+from pg2sink.imports import jobs
 from pg2sink.logical.lsn import format_lsn
 from pg2sink.publication.manager import publication_exists, publication_members
 
@@ -47,7 +49,7 @@ class Status:
     publication_exists: bool
     tables: list[str] = field(default_factory=list)
     imports: list[dict[str, Any]] = field(default_factory=list)
-    """Import jobs; empty until the import engine (pg2sink import) exists."""
+    """The publication's import jobs (not expired), oldest first (jobs.Job.as_json)."""
 
 
 def slot_status(conn: psycopg.Connection[TupleRow], name: str) -> SlotStatus:
@@ -77,9 +79,72 @@ def collect(src: SourceConfig) -> Status:
             publication=src.publication,
             publication_exists=exists,
             tables=tables,
+            imports=[
+                j.as_json() for j in jobs.list_jobs(conn, src.internal_schema, src.publication)
+            ],
         )
     finally:
         conn.close()
+
+
+def import_jobs(src: SourceConfig, *, include_expired: bool = False) -> list[jobs.Job]:
+    """`pg2sink import --list`: the publication's jobs."""
+    conn = connect(src.dsn, application_name="pg2sink import")
+    try:
+        return jobs.list_jobs(
+            conn, src.internal_schema, src.publication, include_expired=include_expired
+        )
+    finally:
+        conn.close()
+
+
+def request_imports(src: SourceConfig, tables: list[str]) -> list[str]:
+    """`pg2sink import --table S.T`: a new job per table (its live job expired)."""
+    from pg2sink.imports.migrate import apply_migrations
+
+    targets = []
+    for name in tables:
+        schema, dot, table = name.partition(".")
+        if not dot or not schema or not table:
+            raise ConfigError(f"invalid --table {name!r}: expected SCHEMA.TABLE")
+        targets.append((schema, table))
+    apply_migrations(src.dsn, src.internal_schema)
+    conn = connect(src.dsn, application_name="pg2sink import")
+    try:
+        published = {(t.schema, t.name) for t in publication_members(conn, src.publication)}
+        out = []
+        for schema, table in targets:
+            if (schema, table) not in published:
+                raise ConfigError(
+                    f"table {schema}.{table} is not in publication {src.publication}: "
+                    "pg2sink imports published tables only"
+                )
+            job_id = jobs.request_import(conn, src.internal_schema, src.publication, schema, table)
+            out.append(f"import job {job_id} created for {schema}.{table}")
+        return out
+    finally:
+        conn.close()
+
+
+def render_jobs(found: list[jobs.Job]) -> list[str]:
+    """One line per job: id, table, state, rows, partitions, error and next attempt."""
+    if not found:
+        return ["imports: none"]
+    lines = [f"imports: {len(found)} jobs"]
+    for j in found:
+        line = (
+            f"  #{j.id} {j.qualified}: {j.state}, {j.rows_processed} rows"
+            + (f" of ~{j.rows_estimated}" if j.rows_estimated is not None else "")
+            + (f", {j.partitions_done}/{j.partitions} partitions" if j.partitions else "")
+            + f", attempts {j.attempts}"
+        )
+        if j.state == "failed":
+            line += (
+                f", {j.error_count} errors, next attempt {j.next_attempt_at:%Y-%m-%d %H:%M:%S%z}"
+                f"; last error: {j.error}"
+            )
+        lines.append(line)
+    return lines
 
 
 def _size(n: int | None) -> str:
@@ -110,7 +175,18 @@ def render(status: Status) -> str:
         lines += [f"  {t}" for t in status.tables]
     else:
         lines.append(f"publication {status.publication}: does not exist")
-    lines.append("imports: none")
+    if not status.imports:
+        lines.append("imports: none")
+    else:
+        lines.append(f"imports: {len(status.imports)} jobs")
+        for j in status.imports:
+            line = (
+                f"  #{j['id']} {j['schema']}.{j['table']}: {j['state']}, "
+                f"{j['rows_processed']} rows, attempts {j['attempts']}"
+            )
+            if j["state"] == "failed":
+                line += f", next attempt {j['next_attempt_at']}; last error: {j['error']}"
+            lines.append(line)
     return "\n".join(lines)
 
 

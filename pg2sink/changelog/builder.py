@@ -1,4 +1,4 @@
-"""Turns decoded pgoutput messages into Schema and Modification records.
+"""Turns decoded pgoutput messages into Schema, Modification and Message records.
 
 State kept between messages: the relations announced by Relation messages
 (with a compiled row decoder and Avro schema each) and the open
@@ -13,10 +13,11 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pg2sink.catalog.catalog import CatalogLookup
-from pg2sink.changelog.records import Modification, Operation, Record, Schema
+from pg2sink.changelog.records import Message as MessageRecord
+from pg2sink.changelog.records import Modification, Operation, Record, Schema, Truncation
 from pg2sink.changelog.rows import RowDecoder
 from pg2sink.changelog.typemap import RowColumn, ValueCodec, avro_row_schema, codec_for
 from pg2sink.errors import DecodeError
@@ -47,6 +48,9 @@ from pg2sink.logical.messages import (
     Update,
 )
 from pg2sink.observability.stats import StreamStats
+
+if TYPE_CHECKING:
+    from pg2sink.imports.gate import ImportGate
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,8 @@ class ChangelogBuilder:
         emit: Callable[[Record], None],
         json_values: bool = False,
         stats: StreamStats | None = None,
+        messages: bool = False,
+        message_prefixes: tuple[str, ...] = (),
     ) -> None:
         self.catalog = catalog
         self.emit = emit
@@ -99,12 +105,17 @@ class ChangelogBuilder:
         #: decode row values to their JSON form (for JSON sinks) instead of Python values
         self.json_values = json_values
         self.relations: dict[int, RelationState] = {}
+        #: forward logical decoding messages (--messages), only these prefixes if any
+        self.messages = messages
+        self.message_prefixes = frozenset(message_prefixes)
         self._emitted_schemas: dict[int, dict[str, Any]] = {}
         self.xid = 0
         self.commit_time = _EPOCH
         self.sequence = 0
         self.in_transaction = False
         self.begin_lsn = 0
+        #: set by ImportGate.attach while imports may run (pg2sink.imports.gate)
+        self.gate: ImportGate | None = None
 
     def feed(self, payload: bytes | memoryview, lsn: int) -> int:
         """Process one raw pgoutput message whose XLogData started at `lsn`.
@@ -151,6 +162,15 @@ class ChangelogBuilder:
                 self._commit(end_lsn)
                 return end_lsn
         msg = decode(data)
+        if self.gate is not None:  # an import runs: its table's changes come here
+            try:
+                admitted = self.gate.admit(self, msg)
+            except BaseException:  # GateHeld: nothing emitted; the stream feeds it again
+                self.tag_counts[tag] -= 1
+                raise
+            if admitted is None:
+                return 0
+            msg = admitted
         self.handle(msg, lsn)
         if msg.__class__ is Commit:
             return msg.end_lsn
@@ -181,8 +201,11 @@ class ChangelogBuilder:
         elif cls is Type:
             assert isinstance(msg, Type)
             self.catalog.invalidate_type(msg.type_oid)
-        elif cls is Origin or cls is Message:
-            pass  # not published as records (yet); see README "Records"
+        elif cls is Message:
+            assert isinstance(msg, Message)
+            self._message(msg, lsn)
+        elif cls is Origin:
+            pass  # the origin of replicated-in transactions is not part of the records
         else:
             raise DecodeError(f"unexpected message {cls.__name__} in the change stream")
 
@@ -206,8 +229,11 @@ class ChangelogBuilder:
         names = tuple(c.name for c in msg.columns)
         # The catalog's primary key marks the key; without one, the replica
         # identity index (pgoutput's key flag) does, except under FULL where
-        # every column is flagged and nothing is a key.
-        if primary_key:
+        # every column is flagged and nothing is a key. REPLICA IDENTITY USING
+        # INDEX makes the index the key even beside a primary key: a DELETE (and
+        # an UPDATE that changes it) identifies the row by the index columns only,
+        # so they are what a consumer can key on (docs/changes.md).
+        if primary_key and msg.replica_identity != "i":
             key_names = set(primary_key)
         elif msg.replica_identity != "f":
             key_names = {c.name for c in msg.columns if c.is_key}
@@ -240,6 +266,8 @@ class ChangelogBuilder:
             schema=schema,
             primary_key=primary_key,
         )
+        if self.gate is not None:  # after storing it: see ImportGate._set
+            self.gate.relation_announced(self.relations[msg.relation_id])
         # pgoutput re-sends Relation after any invalidation (even without a
         # change of shape): only a different schema is news for consumers.
         if self._emitted_schemas.get(msg.relation_id) != schema:
@@ -324,5 +352,48 @@ class ChangelogBuilder:
         self._modification(rel, Operation.DELETE, lsn, before, None)
 
     def _truncate(self, msg: Truncate, lsn: int) -> None:
+        # One record per table, all at the statement's LSN; the options of the
+        # statement are repeated on each (docs/changes.md, TRUNCATE).
         for relation_id in msg.relation_ids:
-            self._modification(self._rel(relation_id), Operation.TRUNCATE, lsn, None, None)
+            rel = self._rel(relation_id)
+            rel.ops[Operation.TRUNCATE] += 1
+            self.emit(
+                Truncation(
+                    self.commit_time,
+                    self.sequence,
+                    lsn,
+                    self.xid,
+                    Operation.TRUNCATE,
+                    rel.namespace,
+                    rel.name,
+                    None,
+                    None,
+                    msg.cascade,
+                    msg.restart_identity,
+                )
+            )
+            self.sequence += 1
+
+    def _message(self, msg: Message, lsn: int) -> None:
+        """A pg_logical_emit_message() message; only sent when --messages asked for them.
+
+        A transactional message arrives inside its transaction (after Begin, so the
+        commit time and xid are known); a non-transactional one arrives on its own,
+        outside any transaction, as soon as it is decoded: it has neither. It does not
+        take a `sequence` number, so the Modifications of a transaction are numbered
+        the same with and without --messages.
+        """
+        if not self.messages:
+            return
+        if self.message_prefixes and msg.prefix not in self.message_prefixes:
+            return
+        if msg.transactional:
+            timestamp: datetime | None = self.commit_time
+            xid: int | None = msg.xid if msg.xid is not None else self.xid
+        else:
+            timestamp, xid = None, msg.xid
+        self.emit(
+            MessageRecord(
+                timestamp, msg.lsn or lsn, xid, msg.transactional, msg.prefix, msg.content
+            )
+        )

@@ -5,11 +5,19 @@ selected schemas that the -t/-T patterns accept (partitions are covered by
 their root). `reconcile()` adds what is missing and drops what no longer
 exists or no longer matches, in one transaction under an advisory lock, so
 two pg2sink instances sharing a publication serialise instead of fighting.
+
+Partitioned tables: the root is the member, never its partitions. PostgreSQL then
+publishes every partition, present and future, with no action from us; whether their
+changes arrive under the root's name or their own is the publication option
+publish_via_partition_root (--publish-via-partition-root), which reconcile() sets on
+creation and alters on an existing publication whose setting differs
+(https://www.postgresql.org/docs/15/sql-createpublication.html).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -76,6 +84,12 @@ ORDER BY 1, 2
 """
 
 
+#: PublicationManager's on_change: (connection in the reconcile transaction, joined, left)
+MembershipHook = Callable[
+    [psycopg.Connection[TupleRow], Sequence["Table"], Sequence["Table"]], None
+]
+
+
 def _tables(rows: list[TupleRow]) -> list[Table]:
     return [Table(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
@@ -83,6 +97,14 @@ def _tables(rows: list[TupleRow]) -> list[Table]:
 def publication_exists(conn: psycopg.Connection[TupleRow], name: str) -> bool:
     row = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
     return row is not None
+
+
+def publication_via_root(conn: psycopg.Connection[TupleRow], name: str) -> bool | None:
+    """The publication's publish_via_partition_root; None when it does not exist."""
+    row = conn.execute(
+        "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (name,)
+    ).fetchone()
+    return bool(row[0]) if row is not None else None
 
 
 def publication_members(conn: psycopg.Connection[TupleRow], name: str) -> list[Table]:
@@ -99,12 +121,18 @@ class PublicationManager:
         schemas: tuple[str, ...],
         table_filter: TableFilter,
         internal_schema: str = "pg2sink",
+        publish_via_partition_root: bool = False,
+        on_change: MembershipHook | None = None,
     ) -> None:
         self.conn = conn
         self.publication = publication
         self.schemas = schemas
         self.filter = table_filter
         self.internal_schema = internal_schema
+        self.publish_via_partition_root = publish_via_partition_root
+        #: called inside reconcile()'s transaction with (conn, joined, left) when membership
+        #: changed: import jobs are created in the same transaction as the join
+        self.on_change = on_change
         self._warned: set[int] = set()
 
     def desired(self) -> list[Table]:
@@ -123,11 +151,7 @@ class PublicationManager:
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     (f"pg2sink.publication.{self.publication}",),
                 )
-                if not publication_exists(self.conn, self.publication):
-                    self.conn.execute(
-                        sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(self.publication))
-                    )
-                    log.info("created publication %s", self.publication)
+                self._ensure_publication()
                 current = {t.oid: t for t in publication_members(self.conn, self.publication)}
                 wanted = {t.oid: t for t in self.desired()}
                 joined = [t for oid, t in wanted.items() if oid not in current]
@@ -141,6 +165,8 @@ class PublicationManager:
                     self.conn.execute(
                         sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(pub, t.identifier)
                     )
+                if self.on_change is not None and (joined or left):
+                    self.on_change(self.conn, joined, left)
         except psycopg.errors.InsufficientPrivilege as e:
             raise ServerConfigError(
                 f"cannot manage publication {self.publication!r}: {e.diag.message_primary}. "
@@ -161,6 +187,30 @@ class PublicationManager:
         for t in left:
             log.info("table %s left publication %s", t.qualified, self.publication)
         return Reconciliation(tuple(joined), tuple(left), tuple(sorted(wanted.values())))
+
+    def _ensure_publication(self) -> None:
+        """Create the publication, or align its publish_via_partition_root with ours."""
+        pub = sql.Identifier(self.publication)
+        via_root = sql.Literal(self.publish_via_partition_root)
+        current = publication_via_root(self.conn, self.publication)
+        if current is None:
+            self.conn.execute(
+                sql.SQL("CREATE PUBLICATION {} WITH (publish_via_partition_root = {})").format(
+                    pub, via_root
+                )
+            )
+            log.info("created publication %s", self.publication)
+        elif current != self.publish_via_partition_root:
+            self.conn.execute(
+                sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = {})").format(
+                    pub, via_root
+                )
+            )
+            log.info(
+                "publication %s: publish_via_partition_root set to %s",
+                self.publication,
+                str(self.publish_via_partition_root).lower(),
+            )
 
     def drop(self) -> bool:
         """Drop the publication; False when it did not exist."""

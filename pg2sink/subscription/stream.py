@@ -24,6 +24,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Protocol
 
+from pg2sink.imports.gate import GateHeld
 from pg2sink.logical.decoder import MessageTag
 from pg2sink.logical.lsn import format_lsn, now_pg_timestamp
 from pg2sink.logical.replication import (
@@ -210,7 +211,13 @@ class Streamer:
                 # Fast path, once per change: unpack the XLogData header in place. Its
                 # WAL end equals its data start in logical decoding, so the position
                 # the server has sent is tracked from commits and keepalives instead.
-                end_lsn = feed(buf[header_size:], unpack_header(buf)[1])
+                try:
+                    end_lsn = feed(buf[header_size:], unpack_header(buf)[1])
+                except GateHeld as held:  # an import must finish first (imports.gate)
+                    held_end = self._wait_gate(held, buf)
+                    if held_end is None:
+                        break  # stopped while waiting: nothing of the message was written
+                    end_lsn = held_end
                 if end_lsn:
                     self._checkpoint(end_lsn)
             else:
@@ -227,6 +234,32 @@ class Streamer:
                 self._housekeeping(self.clock())
         self.messages += _HOUSEKEEPING_EVERY - countdown
         self.shutdown()
+
+    def _wait_gate(self, held: GateHeld, buf: bytes | memoryview) -> int | None:
+        """Feed the held message again until the gate lets it through; None if stopped.
+
+        Meanwhile the housekeeping goes on: flushes confirm what came before the held
+        message (never past it) and status updates keep wal_sender_timeout at bay."""
+        log.info("%s", held)
+        payload = buf[XLOG_DATA_HEADER.size :]
+        lsn = XLOG_DATA_HEADER.unpack_from(buf)[1]
+        while True:
+            if self.stop.requested:
+                return None
+            self._housekeeping(self.clock())
+            held.gate.wait(max(0.0, min(0.5, self._time_to_deadline())))
+            try:
+                end_lsn = self.handler.feed(payload, lsn)
+            except GateHeld:
+                continue
+            log.info("stream resumed: the import of %s is done", held.table)
+            return end_lsn
+
+    def tick(self) -> None:
+        """Housekeeping from inside a long handler call (the replay of a streamed
+        transaction): flushes, acknowledgements, and the status updates that keep the
+        server's wal_sender_timeout from ending the connection."""
+        self._housekeeping(self.clock())
 
     def _checkpoint(self, lsn: int) -> None:
         if lsn > self.received_lsn:

@@ -1,0 +1,351 @@
+"""The import engine: a thread of `pg2sink stream` that runs the import jobs, one at a time.
+
+Per job (docs/imports.md has the argument):
+1. claim it (jobs.claim: SKIP LOCKED + a session advisory lock held while it runs);
+2. wait until every transaction running now has ended (those in flight when the table
+   joined must be entirely visible to the snapshot);
+3. hold the table's changes in the stream (gate.hold), wait once more for the
+   transactions running at that moment, then export a snapshot and tell the gate
+   which transactions it sees (gate.open_snapshot);
+4. plan the partitions at that snapshot (first attempt only: they are stored with the
+   job), run the not-yet-done ones with the Spark runner, which marks each partition
+   done once its rows are durable;
+5. mark the job done and open the gate; on failure record the error, schedule the
+   next attempt with exponential backoff and open the gate.
+
+Progress is a rich progress bar on an interactive stderr, one log line per job
+otherwise, and StreamStats.imports (the pg2sink_import_* metrics) either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from pg2sink.catalog.server import connect
+from pg2sink.config import StreamConfig
+from pg2sink.errors import ImportFailed, Pg2SinkError
+from pg2sink.imports import jobs
+from pg2sink.imports.gate import ImportGate
+from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot, wait_for_transactions
+from pg2sink.observability.stats import ImportProgress, StreamStats
+
+log = logging.getLogger(__name__)
+
+#: Partitions a job is split into (at most; small tables get fewer).
+TARGET_PARTITIONS = 16
+
+_KEY = """
+SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+       OR c.relreplident = 'i'
+FROM pg_class c WHERE c.oid = to_regclass(%s)
+"""
+
+
+def table_keyless(conn: psycopg.Connection[TupleRow], schema: str, table: str) -> bool | None:
+    """Whether the table has neither a primary key nor a replica-identity index; None if
+    it does not exist."""
+    from psycopg import sql
+
+    row = conn.execute(_KEY, (sql.Identifier(schema, table).as_string(conn),)).fetchone()
+    return None if row is None else not row[0]
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if isinstance(error, Pg2SinkError) else f"{type(error).__name__}: {text}"
+
+
+class _Progress:
+    """A rich progress bar on a terminal, else a log line at the end of each job."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(
+                TextColumn("import {task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed:,.0f}/{task.total:,.0f} rows"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+
+    def start(self, table: str, total: int | None) -> Any:
+        if self._bar is None:
+            return None
+        self._bar.start()
+        return self._bar.add_task(table, total=total)
+
+    def advance(self, task: Any, rows: int) -> None:
+        if self._bar is not None and task is not None:
+            self._bar.update(task, advance=rows)
+
+    def stop(self, task: Any) -> None:
+        if self._bar is not None and task is not None:
+            self._bar.remove_task(task)
+            self._bar.stop()
+
+
+class ImportEngine:
+    """Runs the publication's import jobs in a background thread."""
+
+    def __init__(
+        self,
+        cfg: StreamConfig,
+        stats: StreamStats,
+        gate: ImportGate,
+        *,
+        poll_interval: float = 1.0,
+    ) -> None:
+        self.cfg = cfg
+        self.src = cfg.source
+        self.stats = stats
+        self.gate = gate
+        self.poll_interval = poll_interval
+        self.backoff = jobs.Backoff(
+            cfg.import_backoff_base, cfg.import_backoff_factor, cfg.import_backoff_max
+        )
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._runner: Any = None
+        self._progress = _Progress()
+        self._warned_stdout = False
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        # daemon: a stop never waits for a Spark job; the job stays `running`, its
+        # advisory lock ends with the process, and the next start resumes it
+        self._thread = threading.Thread(target=self._main, name="pg2sink-imports", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Look for due jobs now (a table just joined)."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            try:
+                runner.close()
+            except Exception as e:  # stopping anyway
+                log.debug("closing the Spark runner: %s", e)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def can_write(self) -> bool:
+        """Executors write to the sink themselves: not possible to standard output."""
+        return not (self.cfg.sink == "file" and self.cfg.file_path == "-")
+
+    # -- the loop -----------------------------------------------------------------
+
+    def _main(self) -> None:
+        conn: psycopg.Connection[TupleRow] | None = None
+        while not self.stopping:
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.src.dsn, application_name="pg2sink import")
+                self._refresh(conn)
+                if not self.can_write():
+                    self._wait(self.poll_interval * 10)
+                    continue
+                job = jobs.claim(conn, self.src.internal_schema, self.src.publication)
+                if job is None:
+                    self._wait(self.poll_interval)
+                    continue
+                self._run_job(conn, job)
+            except Exception as e:  # the loop survives lost connections and the like
+                if self.stopping:
+                    break
+                log.warning("import engine: %s; retrying", _one_line(e))
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self._wait(max(self.poll_interval, 1.0))
+        if conn is not None:
+            conn.close()
+
+    def _wait(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
+
+    def _refresh(self, conn: psycopg.Connection[TupleRow]) -> None:
+        """Jobs into StreamStats.imports; pending gates for keyless tables with a job."""
+        live = jobs.list_jobs(conn, self.src.internal_schema, self.src.publication)
+        gated = set(self.gate.tables())
+        seen = set()
+        for job in live:
+            key = (job.schema, job.table)
+            seen.add(key)
+            progress = self.stats.imports.get(key)
+            if progress is None or job.state != "running":
+                self.stats.imports[key] = ImportProgress(
+                    job.rows_processed,
+                    job.rows_estimated,
+                    "pending" if job.state == "expired" else job.state,
+                )
+            if (
+                job.state in jobs.LIVE_STATES
+                and key not in gated
+                and table_keyless(conn, job.schema, job.table)
+            ):
+                self.gate.pending(job.schema, job.table)
+        if not self.can_write() and not self._warned_stdout:
+            pending = [j for j in live if j.state in jobs.LIVE_STATES]
+            if pending:
+                self._warned_stdout = True
+                log.warning(
+                    "%d import job(s) stay pending: imports need --file-path FILE or "
+                    "--sink kafka (Spark executors cannot write to standard output)",
+                    len(pending),
+                )
+        for key in list(self.stats.imports):
+            if key not in seen:
+                del self.stats.imports[key]
+
+    def _run_job(self, conn: psycopg.Connection[TupleRow], job: jobs.Job) -> None:
+        schema, table = job.schema, job.table
+        internal = self.src.internal_schema
+        key = (schema, table)
+        progress = self.stats.imports.setdefault(key, ImportProgress())
+        progress.state = "running"
+        exporter: ExportedSnapshot | None = None
+        task: Any = None
+        started = time.monotonic()
+        try:
+            keyless = table_keyless(conn, schema, table)
+            if keyless is None:
+                raise ImportFailed(f"table {job.qualified} does not exist")
+            log.info(
+                "import of %s started (job %d, attempt %d)", job.qualified, job.id, job.attempts
+            )
+            if not wait_for_transactions(conn, stop=lambda: self.stopping):
+                return
+            self.gate.hold(schema, table, keyless=keyless)
+            # a transaction whose changes the stream received before the gate took hold
+            # may still be in the server's list of running ones for a moment: a snapshot
+            # taken before it left would not see it
+            if not wait_for_transactions(conn, stop=lambda: self.stopping):
+                return
+            exporter = ExportedSnapshot.open(self.src.dsn)
+            self.gate.open_snapshot(schema, table, exporter.visibility)
+            jobs.record_snapshot(
+                conn,
+                internal,
+                job.id,
+                name=exporter.name,
+                snapshot=str(exporter.visibility),
+                lsn=exporter.lsn,
+                time=exporter.time,
+            )
+            plan, todo = self._plan(job, exporter)
+            progress.rows_estimated = plan.rows_estimated
+            progress.rows_read = job.rows_processed
+            task = self._progress.start(job.qualified, plan.rows_estimated)
+            rows = 0
+            if todo:
+
+                def advance(n: int) -> None:
+                    progress.rows_read += n
+                    self._progress.advance(task, n)
+
+                rows = self._run_spark(job, plan, todo, exporter.name, advance)
+            jobs.finish(conn, internal, job.id)
+            self.gate.release(schema, table)
+            progress.state = "done"
+            elapsed = time.monotonic() - started
+            log.info(
+                "import of %s done: %d rows in %.1fs (%.0f rows/s), %d of %d partitions this run",
+                job.qualified,
+                rows,
+                elapsed,
+                rows / elapsed if elapsed > 0 else 0.0,
+                len(todo),
+                len(plan.predicates),
+            )
+        except Exception as e:
+            if self.stopping:
+                # the process stops: the job stays `running` and resumes at the next start
+                self.gate.release(schema, table, retry=True)
+                return
+            message = _one_line(e)
+            delay = jobs.fail(conn, internal, job.id, message, self.backoff)
+            self.gate.release(schema, table, retry=True)
+            progress.state = "failed"
+            self.stats.count_error(e)
+            log.warning(
+                "import of %s failed (attempt %d): %s; next attempt in %.0fs",
+                job.qualified,
+                job.attempts,
+                message,
+                delay,
+            )
+        finally:
+            self._progress.stop(task)
+            if exporter is not None:
+                exporter.close()
+            if not conn.closed:
+                jobs.release(conn, internal, job.id)
+
+    def _plan(self, job: jobs.Job, exporter: ExportedSnapshot) -> tuple[Any, list[int]]:
+        """The job's plan at the snapshot, with the partitions stored at its first
+        planning, and the numbers of those not done yet."""
+        import dataclasses
+
+        from pg2sink.imports.plan import plan_import
+
+        internal = self.src.internal_schema
+        planner = connect(self.src.dsn, application_name="pg2sink import plan")
+        try:
+            use_snapshot(planner, exporter.name)
+            plan = plan_import(planner, job.schema, job.table, target_partitions=TARGET_PARTITIONS)
+            planner.execute("COMMIT")
+            stored = jobs.load_partitions(planner, internal, job.id)
+            if not stored:
+                jobs.save_partitions(
+                    planner, internal, job.id, plan.predicates, plan.rows_estimated
+                )
+                stored = jobs.load_partitions(planner, internal, job.id)
+            else:
+                plan = dataclasses.replace(plan, predicates=tuple(p.predicate for p in stored))
+        finally:
+            planner.close()
+        return plan, [p.number for p in stored if not p.done]
+
+    def _run_spark(
+        self, job: jobs.Job, plan: Any, todo: list[int], snapshot: str, advance: Any
+    ) -> int:
+        from pg2sink.imports.spark import ImportSinkConfig, ImportTask, SparkRunner
+
+        if self._runner is None:
+            self._runner = SparkRunner(
+                getattr(self.cfg, "spark_master", "local[*]"),
+                jdbc_driver=getattr(self.cfg, "jdbc_driver", None),
+            )
+        task = ImportTask(
+            job_id=job.id,
+            plan=plan,
+            partitions=tuple(todo),
+            snapshot=snapshot,
+            source_dsn=self.src.dsn.reveal(),
+            internal_schema=self.src.internal_schema,
+            sink=ImportSinkConfig.from_stream_config(self.cfg),
+        )
+        return int(self._runner.run(task, advance))
