@@ -143,5 +143,5 @@ def test_quoted_identifiers_and_dropped_columns(pg_conn: Conn) -> None:
 
 def test_missing_table(db: Database) -> None:
     conn = db.connect()
-    with pytest.raises(TableNotFoundError, match="public.nope"):
+    with pytest.raises(TableNotFoundError, match=r"public\.nope"):
         plan_in_snapshot(conn, "nope", 2)
