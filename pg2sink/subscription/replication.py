@@ -38,12 +38,18 @@ class ReplicationStream:
         start_lsn: int = 0,
         proto_version: int = 1,
         extra_options: Sequence[tuple[str, str]] = (),
+        streaming: bool = False,
     ) -> None:
         """Send START_REPLICATION and wait for the server to enter CopyBoth.
 
         start_lsn 0/0 means "from the slot's confirmed_flush_lsn": the server
         never goes back before it, so a restart resumes exactly there.
+        `streaming` asks for in-progress transactions (protocol version 2,
+        PostgreSQL 14+; see subscription.streaming).
         """
+        if streaming:
+            proto_version = max(proto_version, 2)
+            extra_options = [*extra_options, ("streaming", "on")]
         options = [
             ("proto_version", str(proto_version)),
             # publication_names is itself a comma-separated list of identifiers.

@@ -1,0 +1,296 @@
+"""--streaming end to end: a real PostgreSQL streams in-progress transactions to pg2sink.
+
+Each test's database gets `logical_decoding_work_mem = 64kB` (the default is 64MB), so the
+server streams any transaction past a few hundred rows; pg_stat_replication_slots proves it
+did. Records must be exactly those of the same transactions sent whole at commit.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from pg2sink.errors import ServerConfigError
+from pg2sink.subscription.streaming import check_streaming_server
+from tests.conftest import Database, Pg2Sink, read_jsonl, wait_for
+
+Proc = Callable[..., Pg2Sink]
+Conn = psycopg.Connection[TupleRow]
+
+FAST = ("--publication-poll-interval", "0.3s", "--flush-interval", "0.1s")
+PAYLOAD = "repeat('p', 100)"
+
+
+@pytest.fixture
+def conn(db: Database) -> Iterator[Conn]:
+    """The test database, set up so that the server streams small transactions."""
+    c = db.connect()
+    c.execute(
+        sql.SQL("ALTER DATABASE {} SET logical_decoding_work_mem = '64kB'").format(
+            sql.Identifier(db.name)
+        )
+    )
+    c.execute("CREATE TABLE big (id int PRIMARY KEY, payload text)")
+    yield c
+
+
+def modifications(path: Path) -> list[dict[str, Any]]:
+    return [r for r in read_jsonl(path) if r["kind"] == "modification"]
+
+
+def start(proc: Proc, out: Path, spill: Path, *extra: str) -> Pg2Sink:
+    p = proc("--file-path", str(out), "--streaming", "--spill-dir", str(spill), *FAST, *extra)
+    p.start().wait_streaming()
+    return p
+
+
+def streamed_transactions(db: Database, slot: str | None = None) -> int:
+    """Transactions the server streamed on the slot (0 when it has no statistics yet)."""
+    with psycopg.connect(db.dsn, autocommit=True) as c:
+        row = c.execute(
+            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s",
+            (slot or db.slot,),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def insert(conn: Conn, first: int, last: int, table: str = "big") -> None:
+    conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, {} FROM generate_series(%s::int, %s::int) g").format(
+            sql.Identifier(table), sql.SQL(PAYLOAD)
+        ),
+        (first, last),
+    )
+
+
+def ids(mods: list[dict[str, Any]], table: str = "big") -> list[int]:
+    return [m["after"]["id"] for m in mods if m["name"] == table and m["operation"] == "INSERT"]
+
+
+def wait_confirmed(
+    db: Database, p: Pg2Sink, lsn: int, slot: str | None = None, timeout: float = 60
+) -> None:
+    """Wait until the slot confirms `lsn`; on a timeout, show pg2sink's stderr."""
+    try:
+        wait_for(lambda: (db.slot_confirmed_lsn(slot) or 0) >= lsn, timeout, "confirmation")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; pg2sink's stderr:\n{p.stderr()[-4000:]}") from None
+
+
+def spill_files(spill: Path) -> list[Path]:
+    return sorted(spill.glob("*.spill")) if spill.exists() else []
+
+
+def assert_one_transaction(mods: list[dict[str, Any]]) -> None:
+    """One ordinary transaction: one xid and commit time, sequence 0..n-1, LSNs in order."""
+    assert len({m["xid"] for m in mods}) == 1
+    assert len({m["timestamp"] for m in mods}) == 1
+    assert [m["sequence"] for m in mods] == list(range(len(mods)))
+    lsns = [m["lsn"] for m in mods]
+    assert lsns == sorted(lsns)
+
+
+def test_large_streamed_transaction_arrives_whole_and_in_order(
+    db: Database, conn: Conn, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    out, spill = tmp_path / "out.jsonl", tmp_path / "spill"
+    p = start(pg2sink_proc, out, spill)
+    with conn.transaction():
+        insert(conn, 1, 20_000)
+        conn.execute("UPDATE big SET payload = 'u' WHERE id <= 10")
+        conn.execute("DELETE FROM big WHERE id > 19990")
+    end = db.current_lsn()
+    wait_confirmed(db, p, end)
+    assert p.stop() == 0
+    mods = modifications(out)
+    assert len(mods) == 20_000 + 10 + 10
+    assert_one_transaction(mods)
+    assert ids(mods) == list(range(1, 20_001))
+    assert [m["after"] for m in mods[20_000:20_010]] == [
+        {"id": i, "payload": "u"} for i in range(1, 11)
+    ]
+    assert [m["before"] for m in mods[20_010:]] == [{"id": i} for i in range(19_991, 20_001)]
+    schemas = [r for r in read_jsonl(out) if r["kind"] == "schema"]
+    assert [s["name"] for s in schemas] == ["big"]
+    assert streamed_transactions(db) >= 1
+    assert spill_files(spill) == []
+
+
+def test_rolled_back_savepoints_lose_exactly_their_rows(
+    db: Database, conn: Conn, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    conn.execute("CREATE TABLE other (id int PRIMARY KEY, payload text)")
+    out, spill = tmp_path / "out.jsonl", tmp_path / "spill"
+    p = start(pg2sink_proc, out, spill)
+    with conn.transaction():
+        insert(conn, 1, 3000)
+        conn.execute("SAVEPOINT s1")
+        insert(conn, 3001, 6000)
+        insert(conn, 1, 100, "other")  # other's Relation is first sent inside s1
+        conn.execute("ROLLBACK TO SAVEPOINT s1")
+        insert(conn, 6001, 9000)
+        conn.execute("SAVEPOINT kept")
+        insert(conn, 9001, 10_000)
+        conn.execute("RELEASE SAVEPOINT kept")
+        conn.execute("SAVEPOINT outer_sp")
+        insert(conn, 10_001, 11_000)
+        conn.execute("SAVEPOINT inner_sp")
+        insert(conn, 11_001, 12_000)
+        conn.execute("RELEASE SAVEPOINT inner_sp")
+        conn.execute("ROLLBACK TO SAVEPOINT outer_sp")  # takes inner_sp's rows too
+        insert(conn, 200, 300, "other")  # after s1's rollback: no Relation sent again
+        insert(conn, 12_001, 13_000)
+    end = db.current_lsn()
+    wait_confirmed(db, p, end)
+    assert p.stop() == 0
+    mods = modifications(out)
+    expected = [*range(1, 3001), *range(6001, 10_001), *range(12_001, 13_001)]
+    assert ids(mods) == expected
+    assert ids(mods, "other") == list(range(200, 301))
+    assert len(mods) == len(expected) + 101
+    assert_one_transaction(mods)
+    assert streamed_transactions(db) >= 1
+    assert spill_files(spill) == []
+
+
+def test_rolled_back_streamed_transaction_emits_nothing(
+    db: Database, conn: Conn, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    out, spill = tmp_path / "out.jsonl", tmp_path / "spill"
+    p = start(pg2sink_proc, out, spill)
+    conn.execute("BEGIN")
+    insert(conn, 1, 10_000)
+    # the server streams it while it runs: pg2sink holds it on disk, the sink has nothing
+    wait_for(lambda: spill_files(spill), 30, "a spill file")
+    insert(conn, 10_001, 20_000)
+    conn.execute("ROLLBACK")
+    conn.execute("INSERT INTO big VALUES (-1, 'after')")
+    end = db.current_lsn()
+    wait_confirmed(db, p, end)
+    assert p.stop() == 0
+    mods = modifications(out)
+    assert ids(mods) == [-1]
+    assert streamed_transactions(db) >= 1
+    assert spill_files(spill) == []
+
+
+def test_interleaved_streamed_transactions_come_out_whole_in_commit_order(
+    db: Database, conn: Conn, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    out, spill = tmp_path / "out.jsonl", tmp_path / "spill"
+    p = start(pg2sink_proc, out, spill)
+    a, b = db.connect(), db.connect()
+    a.execute("BEGIN")
+    b.execute("BEGIN")
+    for chunk in range(5):  # a: 1..10000, b: 100001..110000, in alternating chunks
+        insert(a, 1 + chunk * 2000, (chunk + 1) * 2000)
+        insert(b, 100_001 + chunk * 2000, 100_000 + (chunk + 1) * 2000)
+    conn.execute("INSERT INTO big VALUES (-1, 'small, in between')")
+    b.execute("COMMIT")
+    a.execute("COMMIT")
+    end = db.current_lsn()
+    wait_confirmed(db, p, end)
+    assert p.stop() == 0
+    mods = modifications(out)
+    assert len(mods) == 20_001
+    assert ids(mods[:1]) == [-1]
+    assert ids(mods[1:10_001]) == list(range(100_001, 110_001))
+    assert ids(mods[10_001:]) == list(range(1, 10_001))
+    assert_one_transaction(mods[1:10_001])
+    assert_one_transaction(mods[10_001:])
+    assert mods[1]["xid"] != mods[10_001]["xid"]
+    assert streamed_transactions(db) >= 2
+    assert spill_files(spill) == []
+
+
+def test_kill_during_streamed_transaction_then_restart_matches_unstreamed_run(
+    db: Database, conn: Conn, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    out, spill = tmp_path / "streamed.jsonl", tmp_path / "spill"
+    p = start(pg2sink_proc, out, spill)
+    # A second slot, created before any change, decodes the same WAL without streaming.
+    plain_slot = f"{db.slot}_plain"
+    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (plain_slot,))
+    conn.execute("INSERT INTO big VALUES (-1, 'before')")
+    end = db.current_lsn()
+    wait_confirmed(db, p, end)
+
+    big, aborted = db.connect(), db.connect()
+    big.execute("BEGIN")
+    aborted.execute("BEGIN")
+    insert(big, 1, 10_000)
+    insert(aborted, 500_001, 510_000)
+    big.execute("SAVEPOINT s")
+    insert(big, 10_001, 12_000)
+    big.execute("ROLLBACK TO SAVEPOINT s")
+    wait_for(lambda: len(spill_files(spill)) == 2, 30, "two spill files")
+    conn.execute("INSERT INTO big VALUES (-2, 'committed while the big ones run')")
+    end = db.current_lsn()
+    # a position past the start of both streamed transactions gets confirmed
+    wait_confirmed(db, p, end)
+    p.stop(signal.SIGKILL)
+    assert spill_files(spill)  # left behind by the killed process
+
+    insert(big, 12_001, 20_000)
+    aborted.execute("ROLLBACK")
+    big.execute("COMMIT")
+    conn.execute("INSERT INTO big VALUES (-3, 'after')")
+    end = db.current_lsn()
+
+    p = start(pg2sink_proc, out, spill)
+    wait_confirmed(db, p, end)
+    assert p.stop() == 0
+    assert "deleted 2 spill files of a previous run" in p.stderr()
+    assert spill_files(spill) == []
+    assert streamed_transactions(db) >= 2
+
+    plain_out = tmp_path / "plain.jsonl"
+    plain = pg2sink_proc("--file-path", str(plain_out), *FAST, env={"PG2SINK_SLOT": plain_slot})
+    plain.start().wait_streaming()
+    wait_confirmed(db, plain, end, plain_slot)
+    assert plain.stop() == 0
+    assert streamed_transactions(db, plain_slot) == 0
+
+    streamed = modifications(out)
+    # at-least-once: what came after the last confirmed position before the kill may repeat
+    unique = list({(m["lsn"], m["xid"], m["sequence"]): m for m in streamed}.values())
+    expected = modifications(plain_out)
+    assert unique == expected
+    assert ids(expected) == [-1, -2, *range(1, 10_001), *range(12_001, 20_001), -3]
+    assert_one_transaction(expected[2:-1])
+    schema = [r["schema"] for r in read_jsonl(out) if r["kind"] == "schema"]
+    plain_schema = [r["schema"] for r in read_jsonl(plain_out) if r["kind"] == "schema"]
+    assert plain_schema and all(s == plain_schema[0] for s in schema)
+
+
+def test_decode_only_prints_stream_messages(
+    db: Database, conn: Conn, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    out = tmp_path / "decoded.txt"
+    p = pg2sink_proc("--decode-only", "--streaming", "--file-path", str(out), *FAST).start()
+    p.wait_streaming()
+    with conn.transaction():
+        insert(conn, 1, 3000)
+    wait_for(lambda: out.exists() and "STREAM COMMIT" in out.read_text(), 30, "a stream commit")
+    assert p.stop() == 0
+    lines = out.read_text().splitlines()
+    starts = [line for line in lines if " STREAM START " in line]
+    assert starts and starts[0].endswith("first_segment")
+    xid = starts[0].split("xid=")[1].split()[0]
+    inserts = [line for line in lines if " INSERT public.big " in line]
+    assert len(inserts) == 3000
+    assert all(line.endswith(f" xid={xid}") for line in inserts)
+    assert any(" STREAM STOP" in line for line in lines)
+
+
+def test_older_server_is_refused_in_one_line() -> None:
+    check_streaming_server(140000)
+    with pytest.raises(ServerConfigError, match=r"^--streaming needs PostgreSQL 14 or newer"):
+        check_streaming_server(130012)
