@@ -229,6 +229,7 @@ class StreamService:
                     stats,
                     messages=self.cfg.messages,
                     message_prefixes=self.cfg.message_prefixes,
+                    via_partition_root=src.publish_via_partition_root,
                 )
                 handler = changelog
                 if self.gate is not None:

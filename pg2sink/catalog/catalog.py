@@ -25,6 +25,10 @@ class CatalogLookup(Protocol):
 
     def primary_key(self, relid: int) -> tuple[str, ...]: ...
 
+    def is_partition(self, relid: int) -> bool:
+        """Whether the table is a partition (pg_class.relispartition)."""
+        ...
+
 
 def unknown_type(oid: int) -> PgType:
     """Stand-in for a type the catalog no longer knows: its text form is kept."""
@@ -57,3 +61,9 @@ class Catalog:
 
     def primary_key(self, relid: int) -> tuple[str, ...]:
         return primary_key_columns(self.conn, relid)
+
+    def is_partition(self, relid: int) -> bool:
+        row = self.conn.execute(
+            "SELECT relispartition FROM pg_class WHERE oid = %s", (relid,)
+        ).fetchone()
+        return bool(row and row[0])

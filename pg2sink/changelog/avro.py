@@ -10,6 +10,8 @@ carries, see changelog.typemap.avro_row_schema):
       operation, namespace, name  string
       before, after    ["null", <ns>.<table>.value]
       unchanged_toast  array of string, default []
+      truncate         ["null", TruncateOptions {cascade, restart_identity: boolean}],
+                       default null; set on TRUNCATE only (docs/changes.md)
 
 `unchanged_toast` lists the fields of `after` (Avro field names) whose value is an
 unchanged TOASTed value PostgreSQL did not send: they are null in `after`, and this list is
@@ -61,7 +63,7 @@ from typing import Any
 
 import fastavro
 
-from pg2sink.changelog.records import Modification, Operation
+from pg2sink.changelog.records import Modification, Operation, Truncation
 from pg2sink.changelog.typemap import PgArray, PgText
 from pg2sink.errors import SinkError
 from pg2sink.logical.messages import UNCHANGED_TOAST
@@ -83,6 +85,31 @@ _ENVELOPE_HEAD: tuple[dict[str, Any], ...] = (
     {"name": "namespace", "type": "string"},
     {"name": "name", "type": "string"},
 )
+
+#: The options of a TRUNCATE (records.Truncation), the envelope's last field.
+_TRUNCATE_OPTIONS: dict[str, Any] = {
+    "type": "record",
+    "name": "TruncateOptions",
+    "fields": [
+        {"name": "cascade", "type": "boolean"},
+        {"name": "restart_identity", "type": "boolean"},
+    ],
+}
+#: The envelope's tail for every change but a TRUNCATE: unchanged_toast's closing
+#: block, then truncate: null.
+_TAIL = b"\x00\x00"
+
+
+def _truncate_tail(m: Modification) -> bytes:
+    """The envelope's tail of a TRUNCATE: the closing block, then its options."""
+    if not isinstance(m, Truncation):
+        return _TAIL
+    return (
+        b"\x00\x02"
+        + (b"\x01" if m.cascade else b"\x00")
+        + (b"\x01" if m.restart_identity else b"\x00")
+    )
+
 
 # How much of a value an error message shows.
 _PREVIEW_CHARS = 60
@@ -115,6 +142,12 @@ def envelope_schema(row: Mapping[str, Any]) -> dict[str, Any]:
                 "name": "unchanged_toast",
                 "type": {"type": "array", "items": "string"},
                 "default": [],
+            },
+            # Last, with a default: added without breaking BACKWARD/FORWARD compatibility.
+            {
+                "name": "truncate",
+                "type": ["null", copy.deepcopy(_TRUNCATE_OPTIONS)],
+                "default": None,
             },
         ],
         "pg.namespace": row.get("pg.namespace"),
@@ -756,6 +789,7 @@ class TableEncoder:
             out += _string(m.namespace)
             out += _string(m.name)
         toast: list[str] = []
+        tail = _TAIL
         if m.before is None:
             out += b"\x00"
         else:
@@ -763,6 +797,8 @@ class TableEncoder:
             row(m.before, out, [])
         if m.after is None:
             out += b"\x00"
+            if m.operation is Operation.TRUNCATE:
+                tail = _truncate_tail(m)
         else:
             out += b"\x02"
             row(m.after, out, toast)
@@ -770,7 +806,7 @@ class TableEncoder:
             out += _long(len(toast))
             for field in toast:
                 out += _string(field)
-        out += b"\x00"
+        out += tail
         return bytes(out)
 
     def _generic_value(self, m: Modification) -> bytes:
@@ -798,6 +834,11 @@ class TableEncoder:
             "before": before,
             "after": after,
             "unchanged_toast": toast,
+            "truncate": (
+                {"cascade": m.cascade, "restart_identity": m.restart_identity}
+                if isinstance(m, Truncation)
+                else None
+            ),
         }
         return self._write(self._value, record)
 

@@ -96,6 +96,7 @@ class ChangelogBuilder:
         stats: StreamStats | None = None,
         messages: bool = False,
         message_prefixes: tuple[str, ...] = (),
+        via_partition_root: bool = False,
     ) -> None:
         self.catalog = catalog
         self.emit = emit
@@ -108,6 +109,8 @@ class ChangelogBuilder:
         #: forward logical decoding messages (--messages), only these prefixes if any
         self.messages = messages
         self.message_prefixes = frozenset(message_prefixes)
+        #: the publication publishes via the partition root (--publish-via-partition-root)
+        self.via_partition_root = via_partition_root
         self._emitted_schemas: dict[int, dict[str, Any]] = {}
         self.xid = 0
         self.commit_time = _EPOCH
@@ -270,7 +273,12 @@ class ChangelogBuilder:
             self.gate.relation_announced(self.relations[msg.relation_id])
         # pgoutput re-sends Relation after any invalidation (even without a
         # change of shape): only a different schema is news for consumers.
-        if self._emitted_schemas.get(msg.relation_id) != schema:
+        # Publishing via the partition root, PostgreSQL 15 announces the leaf a
+        # change came from right after the root, but the change itself comes
+        # under the root: the leaf never has a change, so no Schema either.
+        if self._emitted_schemas.get(msg.relation_id) != schema and not (
+            self.via_partition_root and self.catalog.is_partition(msg.relation_id)
+        ):
             self._emitted_schemas[msg.relation_id] = schema
             self.emit(
                 Schema(

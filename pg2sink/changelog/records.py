@@ -1,6 +1,6 @@
-"""The public records: Schema and Modification (DESIGN.md §2, README "Records").
+"""The public records: Schema, Modification and Message (DESIGN.md §2, README "Records").
 
-These two classes are the product's contract with consumers; every sink
+These classes are the product's contract with consumers (docs/changes.md); every sink
 encodes them (JSON lines in the file sink, Avro on Kafka) without changing
 their meaning. Values inside `before`/`after` are typed Python values
 produced by changelog.typemap (int, Decimal, datetime, ...).
@@ -63,4 +63,36 @@ class Modification:
     """New row for INSERT, UPDATE and IMPORT; None for DELETE and TRUNCATE."""
 
 
-Record = Schema | Modification
+@dataclass(slots=True)
+class Truncation(Modification):
+    """A TRUNCATE Modification of one table, with the statement's options.
+
+    A subclass rather than two more Modification fields: INSERT/UPDATE/DELETE records
+    (the hot path) stay exactly as they were, and sinks reach this class only through
+    their not-a-plain-Modification branch. Encoded as `"truncate": {"cascade": ...,
+    "restart_identity": ...}` in JSON and the nullable `truncate` field in Avro.
+    """
+
+    cascade: bool = False
+    """TRUNCATE ... CASCADE: tables referencing this one were truncated too."""
+    restart_identity: bool = False
+    """TRUNCATE ... RESTART IDENTITY: the table's owned sequences were reset."""
+
+
+@dataclass(slots=True)
+class Message:
+    """A logical decoding message (pg_logical_emit_message), forwarded with --messages."""
+
+    timestamp: datetime | None
+    """Commit time of the transaction (transactional); None for a non-transactional one."""
+    lsn: int
+    """WAL position of the message."""
+    xid: int | None
+    """Transaction id (transactional); None for a non-transactional message."""
+    transactional: bool
+    prefix: str
+    content: bytes
+    """The raw bytes of the message (base64 in JSON, docs/changes.md)."""
+
+
+Record = Schema | Modification | Message

@@ -2,7 +2,9 @@
 
 Records are appended to a file (or standard output for '-'). A Schema line
 precedes the first Modification of each table and every change of its shape
-(the changelog builder emits them in that order). `flush()` flushes Python's
+(the changelog builder emits them in that order). TRUNCATE Modifications add
+their options, Message records (--messages) have a line of their own (README
+"Records", docs/changes.md). `flush()` flushes Python's
 buffer and fsyncs a regular file before it reports a checkpoint as durable;
 pipes and terminals cannot be fsynced, so there durability ends at write(2).
 
@@ -27,7 +29,7 @@ from typing import BinaryIO
 import orjson
 
 from pg2sink.changelog.jsonenc import LINE_OPTIONS, default, dumps, dumps_line
-from pg2sink.changelog.records import Modification, Record, Schema
+from pg2sink.changelog.records import Message, Modification, Record, Schema, Truncation
 from pg2sink.errors import SinkError
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,50 @@ def schema_line(record: Schema) -> bytes:
             "schema": record.schema,
         }
     )
+
+
+def modification_object(m: Modification) -> dict[str, object]:
+    """The JSON object of a Modification (README "Records"); a Truncation adds its options.
+
+    FileSink.write builds the same object inline for plain Modifications (hot path).
+    """
+    obj: dict[str, object] = {
+        "kind": "modification",
+        "timestamp": m.timestamp,
+        "sequence": m.sequence,
+        "lsn": m.lsn,
+        "xid": m.xid,
+        "operation": m.operation,
+        "namespace": m.namespace,
+        "name": m.name,
+        "before": m.before,
+        "after": m.after,
+    }
+    if isinstance(m, Truncation):
+        obj["truncate"] = {"cascade": m.cascade, "restart_identity": m.restart_identity}
+    return obj
+
+
+def message_object(m: Message) -> dict[str, object]:
+    """The JSON object of a Message record; `content` is base64 (docs/changes.md)."""
+    return {
+        "kind": "message",
+        "timestamp": m.timestamp,
+        "lsn": m.lsn,
+        "xid": m.xid,
+        "transactional": m.transactional,
+        "prefix": m.prefix,
+        "content": m.content,
+    }
+
+
+def record_line(record: Record) -> bytes:
+    """The JSON line of any record (FileSink.write inlines the plain Modification)."""
+    if isinstance(record, Schema):
+        return schema_line(record)
+    if isinstance(record, Message):
+        return dumps_line(message_object(record))
+    return dumps_line(modification_object(record))
 
 
 class FileSink:
@@ -117,9 +163,8 @@ class FileSink:
                 default=default,
                 option=LINE_OPTIONS,
             )
-        else:
-            assert isinstance(record, Schema)
-            line = schema_line(record)
+        else:  # Schema, Truncation, Message: a few per transaction at most
+            line = record_line(record)
         out = self._out
         if out is None:
             raise SinkError("the file sink was not opened")

@@ -20,14 +20,26 @@ from pg2sink.sinks.base import Sink
 
 
 class ChangelogHandler:
-    """pgoutput messages → Schema/Modification records → sink."""
+    """pgoutput messages → Schema/Modification/Message records → sink."""
 
     def __init__(
-        self, catalog: CatalogLookup, sink: Sink, stats: StreamStats | None = None
+        self,
+        catalog: CatalogLookup,
+        sink: Sink,
+        stats: StreamStats | None = None,
+        messages: bool = False,
+        message_prefixes: tuple[str, ...] = (),
+        via_partition_root: bool = False,
     ) -> None:
         self.sink = sink
         self.builder = ChangelogBuilder(
-            catalog, sink.write, json_values=sink.json_values, stats=stats
+            catalog,
+            sink.write,
+            json_values=sink.json_values,
+            stats=stats,
+            messages=messages,
+            message_prefixes=message_prefixes,
+            via_partition_root=via_partition_root,
         )
         # bound once: these run per change and per commit
         self.feed = self.builder.feed

@@ -20,6 +20,7 @@ from pg2sink.changelog.avro import TableEncoder
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.registry import SchemaRegistry, key_subject, value_subject, wire_header
+from pg2sink.sinks.file import modification_object
 
 __all__ = ["AvroFormat", "Format", "JsonFormat", "TableFormat", "key_row", "modification_json"]
 
@@ -35,20 +36,7 @@ def key_row(m: Modification) -> Mapping[str, object] | None:
 
 def modification_json(m: Modification) -> bytes:
     """The file sink's JSON line of `m`, without its newline (README "Records")."""
-    return dumps(
-        {
-            "kind": "modification",
-            "timestamp": m.timestamp,
-            "sequence": m.sequence,
-            "lsn": m.lsn,
-            "xid": m.xid,
-            "operation": m.operation,
-            "namespace": m.namespace,
-            "name": m.name,
-            "before": m.before,
-            "after": m.after,
-        }
-    )
+    return dumps(modification_object(m))
 
 
 class TableFormat(Protocol):

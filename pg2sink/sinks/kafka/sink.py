@@ -8,7 +8,11 @@ Per record:
 - Modification: one message to the table's topic, key = the key columns (null for tables
   without a key and for TRUNCATE), headers operation, lsn, xid (UTF-8). With --tombstones
   a DELETE is followed by a null-value message for its key, and an UPDATE that changed the
-  key by one for the old key, so log compaction forgets deleted rows.
+  key by one for the old key, so log compaction forgets deleted rows. A TRUNCATE carries
+  its options in the value (Avro field `truncate`, JSON key `truncate`).
+- Message (--messages): the file sink's JSON line, without the newline, to --message-topic
+  (default '<prefix>.messages'), keyed by the message's prefix, headers lsn (and xid for a
+  transactional message); JSON whatever --format says (docs/changes.md).
 
 Delivery: an idempotent producer (enable.idempotence=true, acks=all; librdkafka retries
 and keeps per-partition order). Every message is numbered; `checkpoint(lsn)` marks the
@@ -37,10 +41,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from pg2sink.changelog.records import Modification, Operation, Record, Schema
+from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.records import Message as MessageRecord
+from pg2sink.changelog.records import Modification, Operation, Record, Schema, Truncation
 from pg2sink.config import KafkaConfig
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
-from pg2sink.sinks.file import schema_line
+from pg2sink.sinks.file import message_object, schema_line
 from pg2sink.sinks.kafka.acks import AckTracker
 from pg2sink.sinks.kafka.formats import (
     AvroFormat,
@@ -48,7 +54,7 @@ from pg2sink.sinks.kafka.formats import (
     JsonFormat,
     TableFormat,
 )
-from pg2sink.sinks.kafka.topics import TopicRouter
+from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +143,7 @@ class KafkaSink:
     def __init__(self, cfg: KafkaConfig, fmt: Format | None = None) -> None:
         self.cfg = cfg
         self.router = TopicRouter(cfg.topic_prefix, dict(cfg.topic_map), cfg.fallback_topic)
+        self.message_topic = cfg.message_topic or topic_name(cfg.topic_prefix, "messages")
         self._format = fmt
         self.json_values = cfg.format == "json"
         self._producer: Any = None
@@ -207,8 +214,10 @@ class KafkaSink:
     def write(self, record: Record) -> None:
         if self._failure is not None:
             self._raise_failure()
-        if record.__class__ is Modification:
+        if record.__class__ is Modification or record.__class__ is Truncation:
             self._write_modification(record)
+        elif isinstance(record, MessageRecord):
+            self._write_message(record)
         else:
             assert isinstance(record, Schema)
             self._write_schema(record)
@@ -246,6 +255,15 @@ class KafkaSink:
         self._produce(topic, key, table.value(m), headers)
         if self.cfg.tombstones:
             self._tombstones(m, topic, table, key, headers)
+
+    def _write_message(self, m: MessageRecord) -> None:
+        """A logical decoding message: JSON to the message topic, keyed by its prefix."""
+        topic = self.message_topic
+        self._check_topic(topic)
+        headers = [("lsn", str(m.lsn).encode())]
+        if m.xid is not None:
+            headers.append(("xid", str(m.xid).encode()))
+        self._produce(topic, m.prefix.encode(), dumps(message_object(m)), headers)
 
     def _tombstones(
         self,
