@@ -1,0 +1,472 @@
+"""The Spark runner: one import job as a PySpark job (parallel JDBC reads, executor writes).
+
+For a job (`ImportTask`) the driver:
+1. writes the table's Schema record to the sink (the Avro row schema the stream builds,
+   from the same codecs), registering the Kafka subjects when the sink is Kafka Avro;
+2. builds one JDBC scan per partition still to do: `SELECT <each column as PostgreSQL
+   text> FROM table WHERE <the partition's predicate>`, read by the PostgreSQL JDBC
+   driver in a REPEATABLE READ transaction that first imports the job's exported
+   snapshot (`sessionInitStatement`: SET TRANSACTION SNAPSHOT), with a fetch size so
+   rows stream instead of being held in memory, and the session settings of the
+   stream's walsender (DateStyle, TimeZone... config.REPLICATION_SESSION_SETTINGS) so
+   every value's text is what pgoutput would send;
+3. unions the scans (Spark partition i = the i-th partition left to do) and hands them,
+   as binary Arrow batches, to `writers.write_partition` through mapInArrow: executors
+   decode, write, flush and mark their partition done; only a (partition, rows) pair per
+   partition comes back to the driver.
+
+The SparkSession starts lazily, on the first job with rows to read (a stream that
+imports nothing never pays Spark's start-up, seconds of JVM), with Spark's console
+quiet: log4j at ERROR (log4j2.properties next to this file), no progress bar, no UI.
+`local[*]` runs everything in this machine's JVM and Python workers; any master URL
+(spark://, yarn, k8s://) runs the same job on a cluster, whose executors need the
+JDBC driver (shipped with spark.jars), pg2sink installed and a route to PostgreSQL.
+
+Values are read with the type's output function, as pgoutput sends them: `col::text`,
+except for types whose cast to text is a function that prints something else (bool
+prints 'true' where boolout prints 't'; bpchar loses its padding; inet shows its
+netmask): those go through format('%s', col), which calls the output function.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from pg2sink.catalog.catalog import unknown_type
+from pg2sink.catalog.types import TypeCache
+from pg2sink.changelog.records import Schema
+from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
+from pg2sink.config import REPLICATION_SESSION_SETTINGS
+from pg2sink.errors import ConfigError, ImportFailed, Pg2SinkError
+from pg2sink.imports.plan import ImportPlan
+from pg2sink.imports.writers import ImportSinkConfig, PartitionJob, RecordingRegistry
+
+__all__ = ["ImportSinkConfig", "ImportTask", "SparkRunner", "default_jdbc_driver"]
+
+log = logging.getLogger(__name__)
+
+#: Rows the JDBC driver fetches per round trip (a cursor, not the whole result in memory).
+FETCH_SIZE = 20_000
+#: How often the driver polls finished partitions for `progress`, in seconds.
+PROGRESS_POLL = 1.0
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+
+
+def services_cache() -> Path:
+    """The download cache of scripts/services.py (same environment variables)."""
+    explicit = os.environ.get("PG2SINK_SERVICES_CACHE")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pg2sink-services"
+
+
+def default_jdbc_driver() -> str | None:
+    """The PostgreSQL JDBC driver `make setup` put in the cache (scripts/jdbc_driver.py)."""
+    found = sorted(glob.glob(str(services_cache() / "jdbc" / "postgresql-*.jar")))
+    return found[-1] if found else None
+
+
+@dataclass(frozen=True)
+class ImportTask:
+    job_id: int
+    plan: ImportPlan
+    partitions: tuple[int, ...]
+    """Partition numbers still to do."""
+    snapshot: str
+    """pg_export_snapshot() name."""
+    source_dsn: str
+    """Secret: never log it."""
+    internal_schema: str
+    sink: ImportSinkConfig
+
+
+def _is_local(master: str) -> bool:
+    return master == "local" or master.startswith("local[")
+
+
+class SparkRunner:
+    """Runs ImportTasks on Spark; see the module docstring."""
+
+    def __init__(
+        self,
+        master: str = "local[*]",
+        *,
+        app_name: str = "pg2sink-import",
+        jdbc_driver: str | None = None,
+    ) -> None:
+        self.master = master
+        self.app_name = app_name
+        self.jdbc_driver = jdbc_driver
+        self._spark: Any = None
+        #: seconds the last SparkSession took to start (bench-import reports it)
+        self.startup_seconds = 0.0
+
+    # -- session ---------------------------------------------------------------------
+
+    def _driver_jar(self) -> str:
+        jar = self.jdbc_driver or default_jdbc_driver()
+        if not jar:
+            raise ConfigError(
+                "the PostgreSQL JDBC driver is missing: run `make setup` (it downloads it "
+                f"into {services_cache() / 'jdbc'}) or pass --jdbc-driver PATH"
+            )
+        if not os.path.isfile(jar):
+            raise ConfigError(f"--jdbc-driver {jar!r}: no such file")
+        return jar
+
+    def session(self) -> Any:
+        """The SparkSession, started on first use."""
+        if self._spark is not None:
+            return self._spark
+        jar = self._driver_jar()
+        try:
+            from pyspark.sql import SparkSession
+        except ImportError:
+            raise ConfigError(
+                "imports run on Spark: install pyspark (pip install 'pg2sink[spark]')"
+            ) from None
+        import time
+
+        started = time.monotonic()
+        builder = (
+            SparkSession.builder.master(self.master)
+            .appName(self.app_name)
+            .config("spark.jars", jar)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config(
+                "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
+            )
+            .config(
+                "spark.executor.extraJavaOptions",
+                f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}",
+            )
+        )
+        if _is_local(self.master):
+            # Python workers run this interpreter (it has pg2sink), and Spark binds to
+            # loopback instead of warning about the host name
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        log.info("starting Spark (master %s)", self.master)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        self.startup_seconds = time.monotonic() - started
+        log.info("Spark started in %.1fs", self.startup_seconds)
+        self._spark = spark
+        return spark
+
+    def close(self) -> None:
+        spark, self._spark = self._spark, None
+        if spark is not None:
+            spark.stop()
+
+    # -- a job -----------------------------------------------------------------------
+
+    def run(self, task: ImportTask, progress: Callable[[int], None] | None = None) -> int:
+        """Import the task's partitions; rows written. ImportFailed (one line) on failure.
+
+        `progress(rows)` is called, from a thread of the runner, with the rows of the
+        partitions finished since its last call."""
+        problem = task.sink.problem()
+        if problem is not None:
+            raise ImportFailed(problem)
+        if not task.partitions:
+            return 0
+        secret = _password(task.source_dsn)
+        try:
+            return self._run(task, progress)
+        except ImportFailed:
+            raise
+        except Pg2SinkError as e:
+            raise ImportFailed(_redact(str(e), secret)) from None
+        except Exception as e:
+            raise ImportFailed(
+                f"import of {task.plan.schema}.{task.plan.table} failed: "
+                + _redact(_one_line(e), secret)
+            ) from None
+
+    def _run(self, task: ImportTask, progress: Callable[[int], None] | None) -> int:
+        plan = task.plan
+        with psycopg.connect(
+            task.source_dsn, autocommit=True, application_name="pg2sink import"
+        ) as conn:
+            job = self._partition_job(conn, task)
+            url, props = _jdbc(conn, task.snapshot)
+            queries = [self._query(conn, task, number) for number in task.partitions]
+        spark = self.session()
+        _write_schema(job)
+        reader = spark.read.format("jdbc").option("url", url).options(**props)
+        frames = [reader.option("dbtable", f"({q}) AS t").load() for q in queries]
+        frame = functools.reduce(lambda a, b: a.union(b), frames)
+        frame = frame.selectExpr(
+            *[f"CAST(c{i} AS BINARY) AS c{i}" for i in range(len(plan.columns))]
+        )
+        from pg2sink.imports.writers import write_partition
+
+        out = frame.mapInArrow(functools.partial(write_partition, job), "partition int, rows long")
+        poller = _ProgressPoller(task, progress) if progress is not None else None
+        try:
+            results = out.collect()
+        finally:
+            if poller is not None:
+                poller.stop()
+        rows = sum(int(r["rows"]) for r in results)
+        log.info(
+            "import of %s.%s: %d rows in %d partitions written",
+            plan.schema,
+            plan.table,
+            rows,
+            len(results),
+        )
+        return rows
+
+    def _partition_job(self, conn: psycopg.Connection[TupleRow], task: ImportTask) -> PartitionJob:
+        plan = task.plan
+        cache = TypeCache(conn)
+        types = tuple(cache.get(c.type_oid) or unknown_type(c.type_oid) for c in plan.columns)
+        typmods = tuple(c.typmod for c in plan.columns)
+        key = set(plan.primary_key)
+        schema = avro_row_schema(
+            plan.schema,
+            plan.table,
+            [
+                RowColumn(c.name, codec_for(t, c.typmod), c.name in key)
+                for c, t in zip(plan.columns, types, strict=True)
+            ],
+            primary_key=plan.primary_key,
+        )
+        when, lsn = _snapshot_position(conn, task)
+        record = Schema(
+            timestamp=when,
+            lsn=lsn,
+            namespace=plan.schema,
+            name=plan.table,
+            schema=schema,
+            primary_key=plan.primary_key,
+        )
+        return PartitionJob(
+            job_id=task.job_id,
+            internal_schema=task.internal_schema,
+            source_dsn=task.source_dsn,
+            schema=record,
+            types=types,
+            typmods=typmods,
+            sink=task.sink,
+            partitions=task.partitions,
+        )
+
+    def _query(self, conn: psycopg.Connection[TupleRow], task: ImportTask, number: int) -> str:
+        plan = task.plan
+        function_cast = _function_casts(conn, plan)
+        items = []
+        for i, column in enumerate(plan.columns):
+            ident = sql.Identifier(column.name)
+            expr: sql.Composable
+            if column.name in function_cast:
+                # format() prints with the output function; NULL stays NULL
+                expr = sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END").format(
+                    c=ident
+                )
+            else:
+                expr = sql.SQL("{}::text").format(ident)
+            items.append(sql.SQL("{} AS {}").format(expr, sql.Identifier(f"c{i}")))
+        # The predicate is SQL text that plan_import rendered (and the job store kept):
+        # built from identifiers and literals, never from user input.
+        query = sql.SQL("SELECT {} FROM {} WHERE {}").format(
+            sql.SQL(", ").join(items),
+            sql.Identifier(plan.schema, plan.table),
+            sql.SQL(plan.predicates[number]),
+        )
+        return query.as_string(conn)
+
+
+def _function_casts(conn: psycopg.Connection[TupleRow], plan: ImportPlan) -> set[str]:
+    """Columns whose type (or a domain's base type) casts to text by a function."""
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_attribute a"
+        " JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_type t ON t.oid = a.atttypid"
+        " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped"
+        " AND EXISTS (SELECT 1 FROM pg_cast k WHERE k.casttarget = 'text'::regtype"
+        "  AND k.castsource = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END"
+        "  AND k.castmethod = 'f')",
+        (plan.schema, plan.table),
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def _snapshot_position(
+    conn: psycopg.Connection[TupleRow], task: ImportTask
+) -> tuple[datetime, int]:
+    """The job's snapshot time and WAL position (jobs.record_snapshot); now and 0 if none."""
+    row = conn.execute(
+        sql.SQL("SELECT snapshot_time, snapshot_lsn - '0/0' FROM {} WHERE id = %s").format(
+            sql.Identifier(task.internal_schema, "import_jobs")
+        ),
+        (task.job_id,),
+    ).fetchone()
+    when = row[0] if row is not None and row[0] is not None else datetime.now(UTC)
+    lsn = int(row[1]) if row is not None and row[1] is not None else 0
+    return when.astimezone(UTC), lsn
+
+
+def _jdbc(conn: psycopg.Connection[TupleRow], snapshot: str) -> tuple[str, dict[str, str]]:
+    """JDBC URL and connection properties of the server `conn` is connected to."""
+    info = conn.info
+    if info.host.startswith("/"):
+        raise ConfigError(
+            "imports read through JDBC, which needs a TCP host: give --source a host= "
+            f"(not the Unix socket directory {info.host})"
+        )
+    host = f"[{info.host}]" if ":" in info.host else info.host
+    url = f"jdbc:postgresql://{host}:{info.port}/{quote(info.dbname, safe='')}"
+    settings = sql.SQL(" ").join(
+        sql.SQL("SET {} = {};").format(sql.Identifier(k), sql.Literal(v))
+        for k, v in REPLICATION_SESSION_SETTINGS.items()
+    )
+    # pgjdbc opens the transaction (autocommit is off when fetchsize is set, so that rows
+    # stream through a cursor); SET TRANSACTION must come before any query in it
+    init = sql.SQL(
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION READ ONLY; "
+        "SET TRANSACTION SNAPSHOT {}; {}"
+    ).format(sql.Literal(snapshot), settings)
+    props = {
+        "driver": "org.postgresql.Driver",
+        "user": info.user,
+        "fetchsize": str(FETCH_SIZE),
+        "sessionInitStatement": init.as_string(conn),
+        "ApplicationName": "pg2sink import",
+    }
+    if info.password:
+        props["password"] = info.password
+    sslmode = info.get_parameters().get("sslmode")
+    if sslmode:
+        props["sslmode"] = sslmode
+    return url, props
+
+
+def _write_schema(job: PartitionJob) -> None:
+    """The Schema record, durable before any row; Kafka: register the subjects."""
+    sink = job.sink
+    if sink.kind == "file":
+        from pg2sink.imports.writers import _write_all
+        from pg2sink.sinks.file import schema_line
+
+        fd = os.open(sink.file_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            _write_all(fd, schema_line(job.schema))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return
+    assert sink.kafka is not None
+    from pg2sink.registry import RegistryClient
+    from pg2sink.sinks.kafka.formats import AvroFormat, Format, JsonFormat
+    from pg2sink.sinks.kafka.sink import KafkaSink
+
+    recording: RecordingRegistry | None = None
+    fmt: Format
+    if sink.kafka.format == "json":
+        fmt = JsonFormat()
+    else:
+        if not sink.kafka.schema_registry_url:
+            raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")
+        recording = RecordingRegistry(
+            RegistryClient(sink.kafka.schema_registry_url, sink.kafka.registry.reveal())
+        )
+        fmt = AvroFormat(recording)
+    producer = KafkaSink(sink.kafka, fmt)
+    producer.open()
+    try:
+        producer.write(job.schema)  # checks the topic, registers, --schema-topic
+        producer.checkpoint(1)
+        while producer.flush() != 1:
+            pass
+    finally:
+        producer.close()
+    if recording is not None:
+        object.__setattr__(job, "schema_ids", tuple(recording.ids.items()))
+
+
+class _ProgressPoller:
+    """Calls progress with the rows of partitions marked done since the last call."""
+
+    def __init__(self, task: ImportTask, progress: Callable[[int], None]) -> None:
+        self._task = task
+        self._progress = progress
+        self._reported = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name="pg2sink-import-progress", daemon=True
+        )
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            with psycopg.connect(self._task.source_dsn, autocommit=True) as conn:
+                while not self._stop.wait(PROGRESS_POLL):
+                    self._poll(conn)
+                self._poll(conn)
+        except psycopg.Error as e:
+            log.debug("import progress polling stopped: %s", type(e).__name__)
+
+    def _poll(self, conn: psycopg.Connection[TupleRow]) -> None:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT coalesce(sum(rows), 0) FROM {} WHERE job_id = %s AND done"
+                " AND partition = ANY(%s)"
+            ).format(sql.Identifier(self._task.internal_schema, "import_partitions")),
+            (self._task.job_id, list(self._task.partitions)),
+        ).fetchone()
+        done = int(row[0]) if row is not None else 0
+        if done > self._reported:
+            self._progress(done - self._reported)
+            self._reported = done
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+_ERROR_LINE = re.compile(
+    r"(pg2sink\.errors\.\w+|org\.postgresql\.util\.PSQLException|psycopg\.[\w.]+): (.+)"
+)
+
+
+def _one_line(e: BaseException) -> str:
+    """The cause of a Spark failure in one line (Spark wraps executor errors in pages of
+    Java and Python stack traces)."""
+    text = str(e)
+    found = _ERROR_LINE.search(text)
+    if found:
+        return f"{found.group(1).rsplit('.', 1)[-1]}: {found.group(2).strip()}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _password(dsn: str) -> str | None:
+    try:
+        value = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
+    except psycopg.ProgrammingError:
+        return None
+    return str(value) if value else None
+
+
+def _redact(text: str, secret: str | None) -> str:
+    return text.replace(secret, "***") if secret else text

@@ -1,0 +1,296 @@
+"""What a Spark executor does with its partition of an import: decode, write, mark done.
+
+`write_partition` runs in the Python worker of each Spark task (through mapInArrow):
+it receives the partition's rows as Arrow record batches of binary columns (each
+value is PostgreSQL's text output of the column, or null), decodes them with the
+stream's codecs (changelog.typemap.codec_for: the same Python or JSON values the
+stream writes), writes IMPORT Modifications to the sink itself, makes them durable,
+and only then marks the partition done in the job store. Nothing is sent back to
+the driver but one (partition, rows) row.
+
+File sink (`FileWriter`): whole JSON lines, appended in batches of about a megabyte
+with one os.write per batch to a descriptor opened with O_APPEND, then fsync. The
+stream's FileSink appends whole lines the same way, so both write to the same file
+and lines never tear (see sinks/file.py). The line of a Modification is the one the
+stream writes (same keys, same order); its constant parts are encoded once.
+
+Kafka sink (`KafkaWriter`): a KafkaSink of its own per task (the stream's producer
+settings: idempotent, acks=all, the user's --kafka-config), keyed by primary key and
+encoded by the same per-table encoders; the driver registered the subjects and
+passes their ids, so executors never call the registry. Every message is delivered
+(checked through the sink's acknowledgements) before the partition is marked done.
+
+Modification fields of an import row: timestamp = the snapshot's time, sequence =
+the row's number within its partition, lsn = the WAL position when the snapshot was
+taken, xid = 0, operation IMPORT, before null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from pg2sink.catalog.types import PgType
+from pg2sink.changelog.jsonenc import default, dumps
+from pg2sink.changelog.records import Modification, Operation, Schema
+from pg2sink.changelog.rows import RowDecoder
+from pg2sink.changelog.typemap import codec_for
+from pg2sink.config import KafkaConfig
+from pg2sink.errors import SinkError
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+__all__ = ["FileWriter", "KafkaWriter", "KnownSchemaIds", "PartitionJob", "write_partition"]
+
+#: Bytes of whole lines gathered before one os.write (the FileSink's buffer size).
+WRITE_BYTES = 1 << 20
+#: Longest wait for a task's Kafka deliveries, in seconds (librdkafka retries inside it).
+DELIVERY_WAIT = 300.0
+
+
+@dataclass(frozen=True)
+class ImportSinkConfig:
+    """Where import rows go: the stream's sink, as executors need it (pickled to them)."""
+
+    kind: str
+    """'file' or 'kafka'."""
+    file_path: str = "-"
+    """File sink: the JSON-lines file ('-' is standard output, which executors cannot use)."""
+    kafka: KafkaConfig | None = None
+    """Kafka sink settings (holds secrets: never logged)."""
+
+    @classmethod
+    def from_stream_config(cls, cfg: Any) -> ImportSinkConfig:
+        """From a config.StreamConfig (its sink, file_path and kafka fields)."""
+        return cls(kind=cfg.sink, file_path=cfg.file_path, kafka=cfg.kafka)
+
+    def problem(self) -> str | None:
+        """Why imports cannot write to this sink, or None."""
+        if self.kind == "file" and self.file_path == "-":
+            return (
+                "imports need --file-path FILE or --sink kafka: Spark executors cannot "
+                "write to standard output"
+            )
+        if self.kind == "kafka" and self.kafka is None:
+            return "imports to Kafka need --kafka-bootstrap-servers"
+        if self.kind not in ("file", "kafka"):
+            return f"imports cannot write to sink {self.kind!r}"
+        return None
+
+
+@dataclass(frozen=True)
+class PartitionJob:
+    """Everything a task needs, sent to every executor (keep it small)."""
+
+    job_id: int
+    internal_schema: str
+    source_dsn: str = dataclasses.field(repr=False)
+    """Secret: never logged; used to mark partitions done."""
+    schema: Schema
+    """The table's Schema record (the driver wrote it before any row)."""
+    types: tuple[PgType, ...]
+    typmods: tuple[int, ...]
+    sink: ImportSinkConfig = dataclasses.field(repr=False)
+    partitions: tuple[int, ...]
+    """Spark partition index -> the plan's partition number."""
+    schema_ids: tuple[tuple[str, int], ...] = ()
+    """Kafka Avro: (subject, id) registered by the driver."""
+
+    def converters(self, json_values: bool) -> list[Callable[[bytes], object]]:
+        codecs = [codec_for(t, m) for t, m in zip(self.types, self.typmods, strict=True)]
+        return [c.to_json if json_values else c.decode for c in codecs]
+
+
+class KnownSchemaIds:
+    """A SchemaRegistry that answers with the ids the driver registered (executors)."""
+
+    def __init__(self, ids: Mapping[str, int]) -> None:
+        self._ids = dict(ids)
+
+    def register(self, subject: str, schema: Mapping[str, Any]) -> int:
+        try:
+            return self._ids[subject]
+        except KeyError:
+            raise SinkError(f"subject {subject!r} was not registered by the driver") from None
+
+    def close(self) -> None:
+        pass
+
+
+class RecordingRegistry:
+    """Wraps the driver's registry client and remembers the ids it returned."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.ids: dict[str, int] = {}
+
+    def register(self, subject: str, schema: Mapping[str, Any]) -> int:
+        schema_id: int = self._inner.register(subject, schema)
+        self.ids[subject] = schema_id
+        return schema_id
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _columns(batch: pa.RecordBatch) -> Iterator[tuple[object, ...]]:
+    """The rows of a batch of binary columns as tuples of bytes (None for NULL)."""
+    return zip(*(column.to_pylist() for column in batch.columns), strict=True)
+
+
+class FileWriter:
+    """Appends a partition's rows to the JSON-lines file; see the module docstring."""
+
+    def __init__(self, job: PartitionJob) -> None:
+        self.path = job.sink.file_path
+        s = job.schema
+        self._decode = RowDecoder(
+            [f["pg.column"] for f in s.schema["fields"]], job.converters(json_values=True)
+        ).decode
+        # Everything before the sequence number and between it and the row is the same
+        # for every row of the job: encoded once (same keys and order as FileSink.write).
+        head = orjson.dumps(
+            {"kind": "modification", "timestamp": s.timestamp}, option=orjson.OPT_UTC_Z
+        )
+        self._head = head[:-1] + b',"sequence":'
+        rest = dumps(
+            {
+                "lsn": s.lsn,
+                "xid": 0,
+                "operation": Operation.IMPORT,
+                "namespace": s.namespace,
+                "name": s.name,
+                "before": None,
+            }
+        )
+        self._middle = b"," + rest[1:-1] + b',"after":'
+        self.rows = 0
+
+    def write(self, batches: Iterator[pa.RecordBatch]) -> int:
+        """Write every row, fsync; the number of rows (durable when this returns)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise SinkError(f"cannot open --file-path {self.path!r}: {e.strerror}") from None
+        try:
+            self._write(fd, batches)
+            os.fsync(fd)
+        except OSError as e:
+            raise SinkError(f"cannot write to {self.path!r}: {e.strerror}") from None
+        finally:
+            os.close(fd)
+        return self.rows
+
+    def _write(self, fd: int, batches: Iterator[pa.RecordBatch]) -> None:
+        decode, head, middle = self._decode, self._head, self._middle
+        dumps_row = orjson.dumps
+        option = orjson.OPT_UTC_Z
+        close = b"}\n"
+        seq = self.rows
+        lines: list[bytes] = []
+        size = 0
+        for batch in batches:
+            for values in _columns(batch):
+                row = dumps_row(decode(values), default=default, option=option)
+                line = b"".join((head, b"%d" % seq, middle, row, close))
+                lines.append(line)
+                size += len(line)
+                seq += 1
+            if size >= WRITE_BYTES:
+                _write_all(fd, b"".join(lines))
+                lines.clear()
+                size = 0
+        if lines:
+            _write_all(fd, b"".join(lines))
+        self.rows = seq
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """One write(2) of whole lines; a regular file takes it whole (O_APPEND: atomically)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class KafkaWriter:
+    """Produces a partition's rows with a KafkaSink of its own; see the module docstring."""
+
+    def __init__(self, job: PartitionJob) -> None:
+        from pg2sink.sinks.kafka.formats import AvroFormat, Format, JsonFormat
+        from pg2sink.sinks.kafka.sink import KafkaSink
+
+        cfg = job.sink.kafka
+        assert cfg is not None
+        # the driver published the Schema record to --schema-topic once
+        cfg = dataclasses.replace(cfg, schema_topic=None)
+        fmt: Format = (
+            JsonFormat()
+            if cfg.format == "json"
+            else AvroFormat(KnownSchemaIds(dict(job.schema_ids)))
+        )
+        self._sink = KafkaSink(cfg, fmt)
+        self._job = job
+        self._decode = RowDecoder(
+            [f["pg.column"] for f in job.schema.schema["fields"]],
+            job.converters(json_values=cfg.format == "json"),
+        ).decode
+        self.rows = 0
+
+    def write(self, batches: Iterator[pa.RecordBatch]) -> int:
+        """Produce every row and wait for every delivery; the number of rows."""
+        sink, s, decode = self._sink, self._job.schema, self._decode
+        sink.open()
+        try:
+            sink.write(s)
+            write = sink.write
+            ts, lsn, ns, name, op = s.timestamp, s.lsn, s.namespace, s.name, Operation.IMPORT
+            seq = 0
+            for batch in batches:
+                for values in _columns(batch):
+                    write(Modification(ts, seq, lsn, 0, op, ns, name, None, decode(values)))
+                    seq += 1
+                sink.start_flush()  # serve delivery reports as we go
+            sink.checkpoint(1)
+            deadline = time.monotonic() + DELIVERY_WAIT
+            while sink.flush() != 1:
+                if time.monotonic() > deadline:
+                    raise SinkError(
+                        f"Kafka did not acknowledge the import's messages of {ns}.{name} "
+                        f"within {DELIVERY_WAIT:.0f}s"
+                    )
+            self.rows = seq
+        finally:
+            sink.close()
+        return self.rows
+
+
+def write_partition(
+    job: PartitionJob, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """The mapInArrow function of an import (see the module docstring)."""
+    import psycopg
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    from pg2sink.imports.jobs import mark_partition_done
+
+    context = TaskContext.get()
+    assert context is not None, "write_partition runs in a Spark task"
+    number = job.partitions[context.partitionId()]
+    writer = FileWriter(job) if job.sink.kind == "file" else KafkaWriter(job)
+    rows = writer.write(batches)
+    with psycopg.connect(
+        job.source_dsn, autocommit=True, application_name="pg2sink import"
+    ) as conn:
+        mark_partition_done(conn, job.internal_schema, job.job_id, number, rows)
+    yield pa.RecordBatch.from_pydict(
+        {"partition": [number], "rows": [rows]},
+        schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())]),
+    )

@@ -1,0 +1,267 @@
+"""SparkRunner end to end: real PostgreSQL, real Spark in local mode, the file sink.
+
+A 200k-row table with bench-stream's column mix (plus types whose text form needs care)
+is imported through an exported snapshot; the JSON lines must hold exactly the
+table's rows with the values the stream would write, the partitions must be marked
+done, and a resumed job must write only the partitions still to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pg2sink.changelog.jsonenc import loads
+from pg2sink.config import SecretDsn
+from pg2sink.errors import ImportFailed
+from pg2sink.imports import jobs
+from pg2sink.imports.migrate import apply_migrations
+from pg2sink.imports.plan import ImportPlan, plan_import
+from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot
+from pg2sink.imports.spark import ImportSinkConfig, ImportTask, SparkRunner
+from tests.conftest import Database
+
+pytestmark = pytest.mark.slow
+
+Conn = psycopg.Connection[Any]
+INTERNAL = "pg2sink"
+ROWS = 200_000
+
+#: bench/stream.py's columns, plus char(n) (padding), inet (no netmask) and a NULL-able
+#: bool: their text casts differ from the output functions pgoutput uses
+TABLE_DDL = (
+    "CREATE TABLE mix (id int8 PRIMARY KEY, name text, amount numeric(12,2),"
+    " at timestamptz, flag bool, doc jsonb, code char(6), addr inet)"
+)
+ROW_EXPRESSIONS = (
+    "i, 'customer-' || substr(md5(i::text), 1, 11 + (i % 20)::int),"
+    " ((i * 7919) % 100000000 / 100.0)::numeric(12,2),"
+    " timestamptz '2024-01-01 00:00:00+00' + i * interval '37 seconds',"
+    " CASE WHEN i % 11 = 0 THEN NULL ELSE i % 3 = 0 END,"
+    " jsonb_build_object('source', 'bench', 'seq', i, 'tier', i % 5,"
+    " 'tags', jsonb_build_array('a', 'b'), 'active', i % 2 = 0),"
+    " 'c' || (i % 100)::text, ('10.0.' || (i % 200) || '.' || (i % 250))::inet"
+)
+
+
+def fill_table(conn: Conn, rows: int) -> None:
+    conn.execute(TABLE_DDL)
+    conn.execute(
+        sql.SQL("INSERT INTO mix SELECT {} FROM generate_series(1, {}) AS g(i)").format(
+            sql.SQL(ROW_EXPRESSIONS), sql.Literal(rows)
+        )
+    )
+    conn.execute("ANALYZE mix")
+
+
+@dataclass
+class PreparedJob:
+    """A job with its snapshot exported and its partitions planned and saved."""
+
+    id: int
+    plan: ImportPlan
+    snapshot: ExportedSnapshot
+
+
+def prepare_job(db: Database, table: str, partitions: int) -> PreparedJob:
+    """What the engine does before the runner: job, snapshot, plan, partitions."""
+    dsn = SecretDsn(db.dsn)
+    apply_migrations(dsn, INTERNAL)
+    conn = db.connect()
+    job_id = jobs.request_import(conn, INTERNAL, db.publication, "public", table)
+    snap = ExportedSnapshot.open(dsn)
+    db.conns.append(snap.conn)  # closed by the fixture whatever happens
+    jobs.record_snapshot(
+        conn,
+        INTERNAL,
+        job_id,
+        name=snap.name,
+        snapshot=str(snap.visibility),
+        lsn=snap.lsn,
+        time=snap.time,
+    )
+    reader = db.connect()
+    use_snapshot(reader, snap.name)
+    plan = plan_import(reader, "public", table, target_partitions=partitions)
+    reader.execute("ROLLBACK")
+    jobs.save_partitions(conn, INTERNAL, job_id, plan.predicates, plan.rows_estimated)
+    return PreparedJob(job_id, plan, snap)
+
+
+def expected_rows(conn: Conn, where: str = "TRUE") -> dict[int, dict[str, object]]:
+    """The table's rows as the JSON the stream writes, parsed back (see jsonenc)."""
+    cur = conn.execute(
+        sql.SQL(
+            "SELECT id, name, amount, at, flag, doc::text, code, addr FROM mix WHERE {}"
+        ).format(sql.SQL(where))
+    )
+    out = {}
+    for id_, name, amount, at, flag, doc, code, addr in cur:
+        out[id_] = {
+            "id": id_,
+            "name": name,
+            "amount": amount,
+            "at": at,
+            "flag": flag,
+            "doc": doc,
+            "code": code,
+            "addr": str(addr),
+        }
+    return out
+
+
+def parse_after(after: dict[str, Any]) -> dict[str, object]:
+    """An imported row's JSON values as comparable Python values."""
+    row = dict(after)
+    row["at"] = datetime.fromisoformat(after["at"].replace("Z", "+00:00"))
+    return row
+
+
+def read_import(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(schema records, modification records) of a JSON-lines file; every line whole."""
+    schemas: list[dict[str, Any]] = []
+    mods: list[dict[str, Any]] = []
+    with open(path, "rb") as f:
+        for line in f:
+            assert line.endswith(b"\n")
+            record = loads(line, exact_numbers=True)
+            (schemas if record["kind"] == "schema" else mods).append(record)
+    return schemas, mods
+
+
+def check_rows(mods: list[dict[str, Any]], expected: dict[int, dict[str, object]]) -> None:
+    ids = [m["after"]["id"] for m in mods]
+    assert len(ids) == len(set(ids)), "a row was written twice"
+    assert set(ids) == set(expected)
+    for m in mods:
+        assert m["operation"] == "IMPORT"
+        assert m["before"] is None
+        assert m["xid"] == 0
+        assert m["namespace"] == "public" and m["name"] == "mix"
+        got = parse_after(m["after"])
+        want = expected[got["id"]]  # type: ignore[index]
+        assert got == want, f"row {got['id']}: {got} != {want}"
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[SparkRunner]:
+    r = SparkRunner("local[2]")
+    yield r
+    r.close()
+
+
+def test_import_to_file_sink(db: Database, runner: SparkRunner, tmp_path: Path) -> None:
+    conn = db.connect()
+    fill_table(conn, ROWS)
+    job = prepare_job(db, "mix", 4)
+    assert len(job.plan.predicates) == 4
+    out = tmp_path / "changes.jsonl"
+    task = ImportTask(
+        job_id=job.id,
+        plan=job.plan,
+        partitions=tuple(range(len(job.plan.predicates))),
+        snapshot=job.snapshot.name,
+        source_dsn=db.dsn,
+        internal_schema=INTERNAL,
+        sink=ImportSinkConfig("file", str(out)),
+    )
+    expected = expected_rows(conn)
+    # written after the snapshot: must not be imported
+    conn.execute("UPDATE mix SET name = 'changed' WHERE id <= 10")
+    conn.execute("INSERT INTO mix (id) VALUES (-1)")
+    progress: list[int] = []
+    assert runner.run(task, progress.append) == ROWS
+    job.snapshot.close()
+
+    schemas, mods = read_import(out)
+    assert len(schemas) == 1
+    schema = schemas[0]
+    assert (schema["namespace"], schema["name"]) == ("public", "mix")
+    assert schema["schema"]["pg.primary_key"] == ["id"]
+    assert [f["pg.column"] for f in schema["schema"]["fields"]] == [
+        "id", "name", "amount", "at", "flag", "doc", "code", "addr",
+    ]  # fmt: skip
+    check_rows(mods, expected)
+    # bpchar keeps its padding, inet has no netmask, bool is true/false/null
+    sample = next(m["after"] for m in mods if m["after"]["id"] == 22)
+    assert sample["code"] == "c22   " and sample["addr"] == "10.0.22.22"
+    assert sample["flag"] is None
+    assert isinstance(sample["amount"], Decimal)
+
+    parts = jobs.load_partitions(conn, INTERNAL, job.id)
+    assert [p.done for p in parts] == [True] * 4
+    assert sum(p.rows or 0 for p in parts) == ROWS
+    assert sum(progress) == ROWS
+    # the sequence restarts per partition: numbers 0..n-1 within each
+    assert sorted(m["sequence"] for m in mods).count(0) == 4
+
+
+def test_resume_writes_only_the_partitions_left(
+    db: Database, runner: SparkRunner, tmp_path: Path
+) -> None:
+    conn = db.connect()
+    fill_table(conn, ROWS)
+    job = prepare_job(db, "mix", 4)
+    # partitions 0 and 2 were written by an earlier attempt
+    for number in (0, 2):
+        jobs.mark_partition_done(conn, INTERNAL, job.id, number, 1)
+    left = tuple(p.number for p in jobs.load_partitions(conn, INTERNAL, job.id) if not p.done)
+    assert left == (1, 3)
+    out = tmp_path / "resumed.jsonl"
+    task = ImportTask(
+        job.id,
+        job.plan,
+        left,
+        job.snapshot.name,
+        db.dsn,
+        INTERNAL,
+        ImportSinkConfig("file", str(out)),
+    )
+    written = runner.run(task)
+    job.snapshot.close()
+    where = " OR ".join(f"({job.plan.predicates[n]})" for n in left)
+    expected = expected_rows(conn, where)
+    assert written == len(expected)
+    assert 0.3 * ROWS < written < 0.7 * ROWS
+    _, mods = read_import(out)
+    check_rows(mods, expected)
+    assert all(p.done for p in jobs.load_partitions(conn, INTERNAL, job.id))
+
+
+def test_table_dropped_fails_with_one_line(
+    db: Database, runner: SparkRunner, tmp_path: Path
+) -> None:
+    conn = db.connect()
+    fill_table(conn, 30_000)
+    job = prepare_job(db, "mix", 2)
+    job.snapshot.close()  # the snapshot is gone: readers cannot import it
+    task = ImportTask(
+        job.id,
+        job.plan,
+        (0, 1),
+        job.snapshot.name,
+        db.dsn,
+        INTERNAL,
+        ImportSinkConfig("file", str(tmp_path / "x.jsonl")),
+    )
+    with pytest.raises(ImportFailed) as failed:
+        runner.run(task)
+    message = str(failed.value)
+    assert "\n" not in message
+    assert "snapshot" in message, message
+    assert not any(p.done for p in jobs.load_partitions(conn, INTERNAL, job.id))
+
+
+def test_stdout_sink_is_refused(runner: SparkRunner) -> None:
+    plan = ImportPlan("public", "t", (), (), ("TRUE",), 0)
+    task = ImportTask(1, plan, (0,), "x", "", INTERNAL, ImportSinkConfig("file", "-"))
+    with pytest.raises(ImportFailed, match="--file-path FILE or --sink kafka"):
+        runner.run(task)
