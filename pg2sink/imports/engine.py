@@ -20,6 +20,7 @@ otherwise, and StreamStats.imports (the pg2sink_import_* metrics) either way.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -335,6 +336,10 @@ class ImportEngine:
         from pg2sink.imports.spark import ImportSinkConfig, ImportTask, SparkRunner
 
         if self._runner is None:
+            # pyspark 4 starts local Python workers with PYSPARK_PYTHON, not with the
+            # spark.pyspark.python setting: without it they run the system python3,
+            # which has no pg2sink
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             self._runner = SparkRunner(
                 getattr(self.cfg, "spark_master", "local[*]"),
                 jdbc_driver=getattr(self.cfg, "jdbc_driver", None),
