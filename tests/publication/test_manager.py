@@ -11,7 +11,11 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pg2sink.errors import ServerConfigError
-from pg2sink.publication.manager import PublicationManager, publication_members
+from pg2sink.publication.manager import (
+    PublicationManager,
+    publication_members,
+    publication_via_root,
+)
 from pg2sink.publication.patterns import TableFilter
 from tests.conftest import Database
 
@@ -151,3 +155,50 @@ def test_missing_privileges_are_a_clear_config_error(db: Database) -> None:
     finally:
         admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
         admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_publish_via_partition_root_is_set_and_follows_the_flag(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE m (id int, region text) PARTITION BY LIST (region)")
+    conn.execute("CREATE TABLE m_eu PARTITION OF m FOR VALUES IN ('eu')")
+
+    def reconcile(flag: bool) -> None:
+        PublicationManager(
+            conn, db.publication, ("public",), TableFilter(), publish_via_partition_root=flag
+        ).reconcile()
+
+    reconcile(True)
+    assert publication_via_root(conn, db.publication) is True
+    assert members(conn, db.publication) == ["public.m"]  # the root, not its partitions
+    caplog.set_level(logging.INFO, logger="pg2sink.publication.manager")
+    reconcile(True)
+    assert "publish_via_partition_root" not in caplog.text  # unchanged: no ALTER
+    reconcile(False)  # an existing publication is altered when the flag changes
+    assert publication_via_root(conn, db.publication) is False
+    assert "publish_via_partition_root set to false" in caplog.text
+    reconcile(True)
+    assert publication_via_root(conn, db.publication) is True
+    # a partition created later is covered without joining: PostgreSQL publishes it
+    # through its root
+    conn.execute("CREATE TABLE m_us PARTITION OF m FOR VALUES IN ('us')")
+    reconcile(True)
+    assert members(conn, db.publication) == ["public.m"]
+    published = conn.execute(
+        "SELECT tablename FROM pg_publication_tables WHERE pubname = %s", (db.publication,)
+    ).fetchall()
+    assert [r[0] for r in published] == ["m"]  # via the root: listed as the root
+
+
+def test_without_publish_via_partition_root_the_default_is_off(db: Database) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE m (id int, region text) PARTITION BY LIST (region)")
+    conn.execute("CREATE TABLE m_eu PARTITION OF m FOR VALUES IN ('eu')")
+    manager(conn, db.publication).reconcile()
+    assert publication_via_root(conn, db.publication) is False
+    assert publication_via_root(conn, "no_such_publication") is None
+    published = conn.execute(
+        "SELECT tablename FROM pg_publication_tables WHERE pubname = %s", (db.publication,)
+    ).fetchall()
+    assert [r[0] for r in published] == ["m_eu"]  # leaves are published as themselves
