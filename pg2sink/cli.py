@@ -191,6 +191,25 @@ def _factor(text: str) -> float:
     return value
 
 
+def _add_spark_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("import runner (Spark)")
+    _add(
+        g,
+        "--spark-master",
+        default="local[*]",
+        help="Spark master URL imports run on: local[*] (in this process, every core) "
+        "or a cluster's (spark://HOST:PORT, yarn, k8s://...)",
+        metavar="URL",
+    )
+    _add(
+        g,
+        "--jdbc-driver",
+        help="PostgreSQL JDBC driver jar Spark reads with (default: the one `make setup` "
+        "downloads into ~/.cache/pg2sink-services/jdbc)",
+        metavar="PATH",
+    )
+
+
 def _add_logging_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("logging")
     _add(
@@ -421,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
     )
     _add_import_options(stream)
+    _add_spark_options(stream)
     _add_logging_options(stream)
 
     drop = sub.add_parser(
@@ -536,6 +556,8 @@ def _stream_config(args: argparse.Namespace) -> StreamConfig:
         retry_interval=args.retry_interval,
         kafka=_kafka_config(args) if args.sink == "kafka" else None,
         metrics_address=args.metrics_address,
+        spark_master=args.spark_master,
+        jdbc_driver=args.jdbc_driver or None,
         messages=messages,
         message_prefixes=tuple(args.message_prefix or ()),
         streaming=bool(args.streaming) or _bool_env("PG2SINK_STREAMING"),

@@ -256,6 +256,10 @@ class StreamConfig:
     """Kafka sink settings (set when sink is 'kafka')."""
     metrics_address: str = "127.0.0.1:9525"
     """HOST:PORT of the HTTP API and Prometheus /metrics; 'off' disables it."""
+    spark_master: str = "local[*]"
+    """Spark master URL the import runner uses (--spark-master): local[*] or a cluster's."""
+    jdbc_driver: str | None = None
+    """PostgreSQL JDBC driver jar of imports (--jdbc-driver); None: the one `make setup` fetched."""
     messages: bool = False
     """Forward pg_logical_emit_message() messages as Message records (--messages)."""
     message_prefixes: tuple[str, ...] = ()

@@ -117,6 +117,13 @@ class SparkRunner:
         #: seconds the last SparkSession took to start (bench-import reports it)
         self.startup_seconds = 0.0
 
+    @classmethod
+    def from_stream_config(cls, cfg: Any) -> SparkRunner:
+        """From a config.StreamConfig: --spark-master and --jdbc-driver."""
+        return cls(
+            getattr(cfg, "spark_master", "local[*]"), jdbc_driver=getattr(cfg, "jdbc_driver", None)
+        )
+
     # -- session ---------------------------------------------------------------------
 
     def _driver_jar(self) -> str:
