@@ -396,10 +396,12 @@ class ChangelogBuilder:
         if self.message_prefixes and msg.prefix not in self.message_prefixes:
             return
         if msg.transactional:
+            # the transaction's id, as on its Modifications (inside a streamed
+            # transaction msg.xid may be a subtransaction's)
             timestamp: datetime | None = self.commit_time
-            xid: int | None = msg.xid if msg.xid is not None else self.xid
+            xid: int | None = self.xid
         else:
-            timestamp, xid = None, msg.xid
+            timestamp, xid = None, None
         self.emit(
             MessageRecord(
                 timestamp, msg.lsn or lsn, xid, msg.transactional, msg.prefix, msg.content
