@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -462,19 +463,35 @@ def test_messages_are_forwarded_filtered_and_confirmed(
     assert contents.count(b"last") == 1 and contents[-1] == b"after restart"
 
 
-def test_without_messages_flag_nothing_is_forwarded(
+def commits(out: Path, n: int) -> bool:
+    return out.exists() and out.read_text().count("COMMIT") >= n
+
+
+def test_messages_are_requested_from_the_server_only_with_the_flag(
     db: Database, pg2sink_proc: Proc, tmp_path: Path
 ) -> None:
+    """--decode-only prints every message the server sends: without --messages it sends
+    none (the option is not in START_REPLICATION), with it both kinds."""
     conn = db.connect()
     conn.execute("CREATE TABLE t (id int primary key)")
+    printed = []
+    for n, flags in enumerate(((), ("--messages",))):
+        out = tmp_path / f"decoded{n}.txt"
+        p = start(pg2sink_proc, out, "--decode-only", *flags)
+        with conn.transaction():
+            emit(conn, True, "app", "x")
+            conn.execute("INSERT INTO t VALUES (%s)", (n,))
+        emit(conn, False, "app", "y")
+        conn.execute("INSERT INTO t VALUES (%s)", (n + 10,))
+        wait_for(partial(commits, out, 2), what="two commits decoded")
+        assert p.stop() == 0
+        printed.append(out.read_text())
+    assert "MESSAGE" not in printed[0]
+    assert printed[1].count("MESSAGE") == 2
+    # and a real run without --messages writes no Message record
     out = tmp_path / "out.jsonl"
     p = start(pg2sink_proc, out)
-    with conn.transaction():
-        emit(conn, True, "app", "x")
-        conn.execute("INSERT INTO t VALUES (1)")
-    emit(conn, False, "app", "y")
-    conn.execute("INSERT INTO t VALUES (2)")
-    wait_records(out, 2)
+    assert len(wait_records(out, 4)) == 4  # the changes --decode-only left in the slot
     assert p.stop() == 0
     assert records(out, "message") == []
 
