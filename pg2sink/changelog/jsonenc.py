@@ -7,7 +7,7 @@ How each value from `pg2sink.changelog.typemap` is written:
 | None            | NULL                        | null                                       |
 | bool            | bool                        | true, false                                |
 | int             | int2, int4, int8, oid, xid  | number                                     |
-| float           | float4, float8              | number, shortest form that reads back same |
+| float           | float4, float8              | number, shortest form that reads back (5)  |
 | Decimal         | numeric                     | number, PostgreSQL's digits (1) : 1.50     |
 | PgText          | special values (2)          | string, PostgreSQL's text: "NaN"           |
 | str             | text, varchar, uuid, json,  | string, PostgreSQL's text form (3)         |
@@ -17,17 +17,20 @@ How each value from `pg2sink.changelog.typemap` is written:
 | time            | time                        | "10:00:00", "10:00:00.123456"              |
 | naive datetime  | timestamp                   | "2024-05-01T10:00:00.123456"               |
 | aware datetime  | timestamptz (always UTC)    | "2024-05-01T10:00:00.123456Z"              |
-| list            | arrays                      | array, nested when multi-dimensional (4)   |
+| list, PgArray   | arrays                      | array, nested when multi-dimensional (4)   |
 | UNCHANGED_TOAST | unchanged TOASTed value     | {"unchanged_toast": true}                  |
 
 (1) Exactly the digits PostgreSQL printed, trailing zeros included, never in exponent
     notation: 0.00000001 stays 0.00000001 (str(Decimal) would write 1E-8).
 (2) "NaN", "Infinity", "-Infinity" (float4, float8, numeric); "infinity", "-infinity"
     (date, timestamp, timestamptz); BC or after year 9999 ("0044-03-15 BC",
-    "12345-01-01 00:00:00+00"); time "24:00:00". Strings, so never turned into null.
+    "12345-01-01 00:00:00+00"); time "24:00:00"; arrays with a lower bound other than
+    1 ("[0:1]={1,2}"). Strings, so never turned into null. The Avro encoder writes the
+    same text in the "string" branch of the field (docs/types.md).
 (3) json and jsonb values are strings holding the JSON text, not inlined objects.
 (4) null for NULL elements; the fractional seconds of time and datetime values appear
     only when not zero, with 6 digits.
+(5) Negative zero is -0.0, never -0, which most JSON readers take for the integer 0.
 
 The UNCHANGED_TOAST marker is an object: no column value ever encodes as one (json and
 jsonb are strings), so it cannot be mistaken for data. Dataclasses (e.g. records) are written
