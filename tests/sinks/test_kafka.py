@@ -472,10 +472,11 @@ def test_changes_on_several_tables_round_trip(
     value_schema = json.loads(
         registry_get(kafka_stack, f"subjects/{users_topic}-value/versions/latest")["schema"]
     )
-    assert [f["name"] for f in value_schema["fields"]][-3:] == [
+    assert [f["name"] for f in value_schema["fields"]][-4:] == [
         "before",
         "after",
         "unchanged_toast",
+        "truncate",
     ]
 
     # headers: operation, lsn, xid as text
