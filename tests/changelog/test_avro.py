@@ -220,6 +220,16 @@ def test_values_outside_the_avro_type_are_postgresql_text_in_the_string_branch(
     assert field["type"][2] == "string"
 
 
+def test_a_key_outside_the_avro_type_is_text_too() -> None:
+    columns = [RowColumn("day", codec_for(builtin("date"), -1), True)]
+    encoder = TableEncoder("public", "days", avro_row_schema("public", "days", columns))
+    assert encoder.key is not None
+    for text, expected in ((b"infinity", "infinity"), (b"2024-02-29", date(2024, 2, 29))):
+        row = {"day": columns[0].codec.decode(text)}
+        body = encoder.encode_key(row)
+        assert body is not None and read(encoder.key, body) == {"day": expected}
+
+
 def test_array_items_outside_the_avro_type_are_text_items() -> None:
     columns = [
         RowColumn("id", codec_for(builtin("int8"), -1), True),
