@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system venv jdbc check test demo services services-stop bench-stream bench-latency bench-import dashboards clean
+.PHONY: setup system venv jdbc check test demo services services-stop bench-stream bench-latency bench-import bench-bigtx dashboards clean
 
 setup: system venv jdbc
 
@@ -51,6 +51,9 @@ bench-latency: setup
 
 bench-import: setup
 	$(PY) bench/import.py $(ARGS)
+
+bench-bigtx: setup
+	$(PY) bench/bigtx.py $(ARGS)
 
 # Regenerates dashboards/pg2sink.json from dashboards/build.py (commit both).
 dashboards: venv
