@@ -142,6 +142,10 @@ class _Spill:
     aborted: set[int] = field(default_factory=set)
     """Subtransactions rolled back: their changes are skipped at replay."""
     messages: int = 0
+    reader: BinaryIO | None = None
+    """The spill file open for the replay, once Stream Commit arrived."""
+    held: tuple[bytes, int] | None = None
+    """The change the import gate held back (resumed with it, see _replay)."""
 
 
 class StreamingHandler:
@@ -273,57 +277,31 @@ class StreamingHandler:
         if self._block is spill:
             self._block = None
         spill.file.close()
+        if spill.reader is not None:
+            spill.reader.close()
         spill.path.unlink(missing_ok=True)
 
     def _commit(self, msg: StreamCommit, lsn: int) -> int:
-        spill = self._open.pop(msg.xid, None)
+        spill = self._open.get(msg.xid)
         if spill is None:
             raise DecodeError(f"stream commit of transaction {msg.xid} that was never streamed")
-        try:
-            spill.file.close()
-            end_lsn = self._replay(spill, msg, lsn)
-        finally:
-            spill.path.unlink(missing_ok=True)
-        return end_lsn
-
-    def _replay(self, spill: _Spill, msg: StreamCommit, lsn: int) -> int:
-        """Feed the spilled transaction to the builder as one ordinary transaction."""
         builder = self.builder
-        feed = self._builder_feed
-        progress = self.progress
-        aborted = spill.aborted
-        header_size = _SPILL_HEADER.size
-        unpack_header = _SPILL_HEADER.unpack
         # The messages were counted as they arrived: the replay counts into a scratch list.
         counts = builder.tag_counts
         builder.tag_counts = [0] * 256
         try:
-            feed(_BEGIN.pack(_BEGIN_TAG, msg.commit_lsn, msg.commit_time, msg.xid), spill.first_lsn)
-            try:
-                f = open(spill.path, "rb", buffering=_REPLAY_BUFFER_BYTES)  # noqa: SIM115
-            except OSError as e:
-                raise SpillError(f"cannot read spill file {str(spill.path)!r}: {e}") from None
-            with f:
-                read = f.read
-                countdown = _PROGRESS_EVERY
-                while True:
-                    head = read(header_size)
-                    if not head:
-                        break
-                    if len(head) != header_size:
-                        raise SpillError(f"spill file {str(spill.path)!r} is truncated")
-                    subxid, change_lsn, length = unpack_header(head)
-                    data = read(length)
-                    if len(data) != length:
-                        raise SpillError(f"spill file {str(spill.path)!r} is truncated")
-                    if subxid in aborted:
-                        continue
-                    feed(data, change_lsn)
-                    countdown -= 1
-                    if countdown == 0:
-                        countdown = _PROGRESS_EVERY
-                        progress()
-            end_lsn = feed(
+            if spill.reader is None:
+                spill.file.close()
+                try:
+                    spill.reader = open(spill.path, "rb", buffering=_REPLAY_BUFFER_BYTES)  # noqa: SIM115
+                except OSError as e:
+                    raise SpillError(f"cannot read spill file {str(spill.path)!r}: {e}") from None
+                self._builder_feed(
+                    _BEGIN.pack(_BEGIN_TAG, msg.commit_lsn, msg.commit_time, msg.xid),
+                    spill.first_lsn,
+                )
+            self._replay(spill)
+            end_lsn = self._builder_feed(
                 _COMMIT.pack(_COMMIT_TAG, msg.flags, msg.commit_lsn, msg.end_lsn, msg.commit_time),
                 lsn,
             )
@@ -334,9 +312,51 @@ class StreamingHandler:
             "rolled back)",
             msg.xid,
             spill.messages,
-            len(aborted),
+            len(spill.aborted),
         )
+        self._discard(spill)
         return end_lsn
+
+    def _replay(self, spill: _Spill) -> None:
+        """Feed the spilled changes to the builder, from where the last call stopped.
+
+        The import gate (pg2sink.imports.gate) may refuse a change for now: the builder
+        then raises GateHeld with nothing of it emitted, and the stream feeds the Stream
+        Commit again later. So the refused change is kept and the replay resumes with it.
+        """
+        feed = self._builder_feed
+        if spill.held is not None:
+            feed(*spill.held)
+            spill.held = None
+        reader = spill.reader
+        assert reader is not None
+        progress = self.progress
+        aborted = spill.aborted
+        read = reader.read
+        header_size = _SPILL_HEADER.size
+        unpack_header = _SPILL_HEADER.unpack
+        countdown = _PROGRESS_EVERY
+        while True:
+            head = read(header_size)
+            if not head:
+                return
+            if len(head) != header_size:
+                raise SpillError(f"spill file {str(spill.path)!r} is truncated")
+            subxid, change_lsn, length = unpack_header(head)
+            data = read(length)
+            if len(data) != length:
+                raise SpillError(f"spill file {str(spill.path)!r} is truncated")
+            if subxid in aborted:
+                continue
+            try:
+                feed(data, change_lsn)
+            except BaseException:
+                spill.held = (data, change_lsn)
+                raise
+            countdown -= 1
+            if countdown == 0:
+                countdown = _PROGRESS_EVERY
+                progress()
 
     def discard_spills(self) -> None:
         """Close and delete the spill files of the transactions still open (end of a
