@@ -267,6 +267,8 @@ def create_and_fill(conn: psycopg.Connection[Any], insert: bool) -> None:
             defs.append(sql.SQL("{} " + typ).format(sql.Identifier(scalar_column(case))))
             defs.append(sql.SQL("{} " + typ + "[]").format(sql.Identifier(array_column(case))))
         conn.execute(sql.SQL("CREATE TABLE fidelity ({})").format(sql.SQL(", ").join(defs)))
+        # FULL: the UPDATE below carries whole before images, checked like the after images
+        conn.execute("ALTER TABLE fidelity REPLICA IDENTITY FULL")
         return
     with conn.transaction():
         for row in range(row_count()):
@@ -290,6 +292,23 @@ def create_and_fill(conn: psycopg.Connection[Any], insert: bool) -> None:
             " FROM generate_series(1, 3000) i"
         )
     conn.execute("UPDATE toasty SET n = 2 WHERE id = 1")
+    conn.execute("UPDATE fidelity SET id = id")
+
+
+def messages_expected() -> int:
+    """fidelity INSERTs and UPDATEs, toasty INSERT and UPDATE."""
+    return 2 * row_count() + 2
+
+
+def images(
+    changes: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]],
+) -> list[dict[int, dict[str, Any]]]:
+    """From (operation, before, after) of table fidelity: the INSERTs' after images, the
+    UPDATEs' before images and their after images, each by id."""
+    inserts = {int(a["id"]): a for op, _, a in changes if op == "INSERT" and a is not None}
+    befores = {int(b["id"]): b for op, b, _ in changes if op == "UPDATE" and b is not None}
+    afters = {int(a["id"]): a for op, _, a in changes if op == "UPDATE" and a is not None}
+    return [inserts, befores, afters]
 
 
 # --- the renderer: pg2sink's values back to PostgreSQL input text --------------------
@@ -415,8 +434,15 @@ class FileRun:
     columns: dict[str, Column]
     schema: dict[str, Any]
     """The row record of the Schema line of table fidelity."""
-    rows: dict[int, dict[str, Any]]
-    """after images of the INSERTs by id, parsed with exact numbers."""
+    images: list[dict[int, dict[str, Any]]]
+    """INSERT after, UPDATE before and UPDATE after images by id (`images`), parsed with
+    exact numbers."""
+
+    @property
+    def rows(self) -> dict[int, dict[str, Any]]:
+        """The INSERTs' after images."""
+        return self.images[0]
+
     toasty: list[dict[str, Any]]
 
 
@@ -434,7 +460,7 @@ def file_run(
         try:
             p.wait_streaming()
             create_and_fill(conn, insert=True)
-            expected = row_count() + 2  # fidelity rows, toasty INSERT and UPDATE
+            expected = messages_expected()
             wait_for(
                 lambda: (
                     len([r for r in read_jsonl(out) if r.get("kind") == "modification"]) >= expected
@@ -449,17 +475,20 @@ def file_run(
             r["schema"] for r in lines if r["kind"] == "schema" and r["name"] == "fidelity"
         )
         changes = [r for r in lines if r["kind"] == "modification"]
-        rows = {int(r["after"]["id"]): r["after"] for r in changes if r["name"] == "fidelity"}
+        fidelity = [
+            (r["operation"], r["before"], r["after"]) for r in changes if r["name"] == "fidelity"
+        ]
         toasty = [r for r in changes if r["name"] == "toasty"]
-        yield FileRun(db, conn, column_info(conn), schema, rows, toasty)
+        yield FileRun(db, conn, column_info(conn), schema, images(fidelity), toasty)
 
 
 @pytest.mark.parametrize("case", [case for case, _, _ in CASES])
 def test_json_round_trips_exactly(file_run: FileRun, case: str) -> None:
     for name in (scalar_column(case), array_column(case)):
-        got = {row_id: row[name] for row_id, row in file_run.rows.items()}
         column = file_run.columns[name]
-        assert mismatches(file_run.conn, column, got, base64_bytea=True) == []
+        for rows in file_run.images:
+            got = {row_id: row[name] for row_id, row in rows.items()}
+            assert mismatches(file_run.conn, column, got, base64_bytea=True) == []
         field = next(f for f in file_run.schema["fields"] if f["pg.column"] == name)
         assert field["type"] == nullable(field["type"][1]) and "pg.type" in field["type"][1]
 
@@ -514,16 +543,23 @@ def test_avro_round_trips_every_type_and_marks_unchanged_toast(
     try:
         p.wait_streaming()
         create_and_fill(conn, insert=True)
-        messages = reader.read(row_count() + 2, timeout=120)
+        messages = reader.read(messages_expected(), timeout=120)
     finally:
         reader.close()
         p.stop()
-    rows = {m.value["after"]["id"]: m.value["after"] for m in messages if "fidelity" in m.topic}
+    changes = [
+        (m.value["operation"], m.value["before"], m.value["after"])
+        for m in messages
+        if "fidelity" in m.topic
+    ]
+    all_images = images(changes)
+    rows = all_images[0]
     info = column_info(conn)
     problems: list[str] = []
     for name in columns():
-        got = {row_id: row[name] for row_id, row in rows.items()}
-        problems += mismatches(conn, info[name], got, base64_bytea=False)
+        for image in all_images:
+            got = {row_id: row[name] for row_id, row in image.items()}
+            problems += mismatches(conn, info[name], got, base64_bytea=False)
     assert problems == []
     # values outside the Avro type are PostgreSQL's text in the "string" branch
     assert rows[2]["c_date"] == "infinity" and rows[1]["c_date"] == "0044-03-15 BC"
