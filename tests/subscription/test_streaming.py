@@ -17,8 +17,12 @@ import pytest
 from psycopg import sql
 from psycopg.rows import TupleRow
 
+from pg2sink.catalog.catalog import Catalog
 from pg2sink.errors import ServerConfigError
-from pg2sink.subscription.streaming import check_streaming_server
+from pg2sink.imports.gate import GateHeld, ImportGate
+from pg2sink.sinks.file import FileSink
+from pg2sink.subscription.handlers import ChangelogHandler
+from pg2sink.subscription.streaming import StreamingHandler, check_streaming_server
 from tests.conftest import Database, Pg2Sink, read_jsonl, wait_for
 
 Proc = Callable[..., Pg2Sink]
@@ -288,6 +292,70 @@ def test_decode_only_prints_stream_messages(
     assert len(inserts) == 3000
     assert all(line.endswith(f" xid={xid}") for line in inserts)
     assert any(" STREAM STOP" in line for line in lines)
+
+
+def peek_streamed(conn: Conn, slot: str, publication: str) -> list[tuple[int, bytes]]:
+    """(LSN, pgoutput message) of what the slot holds, read with streaming 'on'."""
+    conn.execute("SET logical_decoding_work_mem = '64kB'")
+    rows = conn.execute(
+        "SELECT lsn - '0/0', data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL,"
+        " 'proto_version', '2', 'publication_names', %s, 'streaming', 'on')",
+        (slot, publication),
+    ).fetchall()
+    return [(int(lsn), bytes(data)) for lsn, data in rows]
+
+
+def replay(
+    conn: Conn, messages: list[tuple[int, bytes]], out: Path, spill: Path, gate: ImportGate | None
+) -> int:
+    """Feed `messages` to a StreamingHandler over a file sink, in process; return how
+    often the import gate held the stream. A held message is fed again after the gate
+    opens, as the replication loop does."""
+    sink = FileSink(str(out))
+    sink.open()
+    changelog = ChangelogHandler(Catalog(conn), sink)
+    handler = StreamingHandler(changelog, str(spill))
+    held = 0
+    if gate is not None:
+        gate.attach(changelog.builder)
+    for lsn, data in messages:
+        try:
+            handler.feed(data, lsn)
+        except GateHeld:
+            held += 1
+            assert gate is not None
+            gate.release("public", "big")
+            handler.feed(data, lsn)
+    sink.flush()
+    sink.close()
+    return held
+
+
+def test_replay_held_by_the_import_gate_resumes_where_it_stopped(
+    db: Database, conn: Conn, tmp_path: Path
+) -> None:
+    conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE big").format(sql.Identifier(db.publication))
+    )
+    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (db.slot,))
+    # the SQL functions decode only flushed WAL; the test server commits asynchronously
+    conn.execute("SET synchronous_commit = on")
+    with conn.transaction():
+        insert(conn, 1, 3000)
+    messages = peek_streamed(conn, db.slot, db.publication)
+    assert any(data[:1] == b"c" for _, data in messages)  # a Stream Commit: it was streamed
+
+    plain, gated = tmp_path / "plain.jsonl", tmp_path / "gated.jsonl"
+    assert replay(conn, messages, plain, tmp_path / "spill1", None) == 0
+    gate = ImportGate()
+    # an import of `big` is starting: its snapshot is not known yet, every change waits
+    gate.hold("public", "big", keyless=False)
+    assert replay(conn, messages, gated, tmp_path / "spill2", gate) == 1
+    expected = modifications(plain)
+    assert ids(expected) == list(range(1, 3001))
+    assert_one_transaction(expected)
+    assert modifications(gated) == expected
+    assert spill_files(tmp_path / "spill2") == []
 
 
 def test_older_server_is_refused_in_one_line() -> None:
