@@ -44,6 +44,7 @@ from tests.conftest import (
     read_jsonl,
     wait_for,
 )
+from tests.sinks.test_kafka import Reader, kafka_args
 
 FAST = ("--publication-poll-interval", "0.3s", "--flush-interval", "0.1s")
 
@@ -529,8 +530,6 @@ def test_json_unchanged_toast_marker(file_run: FileRun) -> None:
 def test_avro_round_trips_every_type_and_marks_unchanged_toast(
     db: Database, tmp_path: Path, kafka_stack: KafkaStack
 ) -> None:
-    from tests.sinks.test_kafka import Reader, kafka_args
-
     prefix = f"t{uuid.uuid4().hex[:10]}"
     conn = db.connect()
     create_and_fill(conn, insert=False)
