@@ -30,7 +30,9 @@ Method
 
 Printed per mode: INSERT seconds, commit-to-last-ack delay, pg2sink's peak RSS (target
 < 300 MB) and CPU seconds, bytes spilled by the server (pg_stat_replication_slots) and
-streamed; then the command, machine and load averages. The machine is shared: other
+streamed; then the command, machine and load averages. `--sink kafka` runs the same
+with the Kafka sink (a broker and Apicurio Registry started in the temporary directory,
+Avro; the topic must then hold N messages). The machine is shared: other
 load changes the figures, so they are printed with the load average around the run.
 """
 
@@ -43,6 +45,7 @@ import shlex
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,13 +60,16 @@ from stream import (
     BenchError,
     Child,
     Conn,
+    KafkaTarget,
     _tail,
     count_modifications,
     drop_slot,
     load_services,
     machine_info,
     run_benchmark,
+    start_kafka,
     start_postgres,
+    topic_message_count,
     vm_hwm_kib,
 )
 
@@ -135,10 +141,31 @@ def wait_streaming(child: Child, stderr: Path, timeout: float = 60.0) -> None:
 
 
 def run_mode(
-    dsn: str, conn: Conn, mode: str, rows: int, tmp: Path, timeout: float
+    dsn: str,
+    conn: Conn,
+    mode: str,
+    rows: int,
+    tmp: Path,
+    timeout: float,
+    kafka: KafkaTarget | None = None,
 ) -> tuple[ModeResult, list[str]]:
     slot = f"bigtx_{mode}"
     out = tmp / f"{mode}.jsonl"
+    prefix = f"bigtx_{mode}_{uuid.uuid4().hex[:8]}"
+    sink_args = (
+        ["--sink", "file", "--file-path", str(out)]
+        if kafka is None
+        else [
+            "--sink",
+            "kafka",
+            "--kafka-bootstrap-servers",
+            kafka.bootstrap_servers,
+            "--schema-registry-url",
+            kafka.registry_url,
+            "--topic-prefix",
+            prefix,
+        ]
+    )
     spill = tmp / f"{mode}.spill"
     stderr = tmp / f"{mode}.stderr"
     conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
@@ -152,10 +179,7 @@ def run_mode(
         slot,
         "--publication",
         PUBLICATION,
-        "--sink",
-        "file",
-        "--file-path",
-        str(out),
+        *sink_args,
         "--log-level",
         "info",
         "--metrics-address",
@@ -208,9 +232,14 @@ def run_mode(
             raise BenchError(f"pg2sink exited with {child.returncode}:\n{_tail(stderr)}")
     finally:
         child.stop()
-    modifications, _ = count_modifications(out)
+    if kafka is None:
+        modifications, _ = count_modifications(out)
+        where = str(out)
+    else:
+        where = f"{prefix}.public.{TABLE}"
+        modifications = topic_message_count(kafka.bootstrap_servers, where)
     if modifications != rows:
-        raise BenchError(f"[{mode}] {out} holds {modifications:,} modifications, not {rows:,}")
+        raise BenchError(f"[{mode}] {where} holds {modifications:,} modifications, not {rows:,}")
     left = sorted(spill.glob("*.spill")) if spill.exists() else []
     if left:
         raise BenchError(f"[{mode}] spill files left behind: {left}")
@@ -227,9 +256,9 @@ def run_mode(
         end_lsn=end_lsn,
         server_spill_bytes=spill_bytes,
         server_stream_bytes=stream_bytes,
-        output_bytes=out.stat().st_size,
+        output_bytes=out.stat().st_size if kafka is None else 0,
     )
-    out.unlink()  # gigabytes: do not keep two of them around
+    out.unlink(missing_ok=True)  # gigabytes: do not keep two of them around
     print(
         f"[{mode}] commit-to-last-ack {result.commit_to_ack_seconds:.1f} s, "
         f"peak RSS {_mib(result.peak_rss_mib)}",
@@ -255,11 +284,12 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         server = start_postgres(services, tmp)
         stack.callback(server.destroy)
         dsn = server.dsn()
+        kafka = start_kafka(services, tmp, stack) if args.sink == "kafka" else None
         with psycopg.connect(dsn, autocommit=True) as conn:
             info = machine_info(conn, recvlogical)
             setup(conn)
             for mode in args.modes:
-                result, argv = run_mode(dsn, conn, mode, args.rows, tmp, args.timeout)
+                result, argv = run_mode(dsn, conn, mode, args.rows, tmp, args.timeout, kafka)
                 results.append(result)
                 commands[mode] = argv
     load_after = os.getloadavg()
@@ -315,6 +345,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--rows", type=int, default=DEFAULT_ROWS, help=f"rows (default {DEFAULT_ROWS:,})"
+    )
+    p.add_argument(
+        "--sink",
+        choices=("file", "kafka"),
+        default="file",
+        help="pg2sink's sink: file (default) or kafka (starts a Kafka broker and a schema "
+        "registry in the temporary directory; Avro, the topic must then hold --rows messages)",
     )
     p.add_argument(
         "--modes",
