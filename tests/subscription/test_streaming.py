@@ -136,8 +136,8 @@ def test_rolled_back_savepoints_lose_exactly_their_rows(
     with conn.transaction():
         insert(conn, 1, 3000)
         conn.execute("SAVEPOINT s1")
-        insert(conn, 3001, 6000)
-        insert(conn, 1, 100, "other")  # other's Relation is first sent inside s1
+        insert(conn, 1, 100, "other")  # other's Relation is first sent inside s1,
+        insert(conn, 3001, 6000)  # streamed before the rollback (well past 64kB)
         conn.execute("ROLLBACK TO SAVEPOINT s1")
         insert(conn, 6001, 9000)
         conn.execute("SAVEPOINT kept")
