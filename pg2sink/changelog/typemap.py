@@ -16,6 +16,9 @@ The choice is made by looking up tables, in this order:
 
 Adding a type is adding a row to one of these tables, plus a test.
 
+In a row record, a column's union is `nullable(avro)`: ["null", T], or ["null", T, "string"]
+when T is narrower than the PostgreSQL type (date, time, timestamps, decimal, array).
+
 | PostgreSQL              | Avro                                 | Python value                    |
 |-------------------------|--------------------------------------|---------------------------------|
 | bool                    | boolean                              | bool                            |
@@ -35,8 +38,10 @@ Adding a type is adding a row to one of these tables, plus a test.
 | timestamptz             | long, timestamp-micros               | datetime in UTC; see PgText     |
 | enum                    | string                               | str (the label)                 |
 | domain                  | the codec of its base type           |                                 |
-| T[]                     | array of [null, T]                   | list (nested lists for n-D)     |
+| T[]                     | array of nullable(T)                 | list, PgArray (n-D), PgText (2) |
 | anything else           | string                               | str (PostgreSQL's text form)    |
+
+(2) An array with a lower bound other than 1, e.g. '[0:1]={1,2}'.
 
 Avro requires 0 <= scale <= precision, PostgreSQL 15 does not: numeric(5,-2) becomes
 decimal(7,0) and numeric(3,5) becomes decimal(5,5), the narrowest that hold every value.
