@@ -189,7 +189,14 @@ def test_interleaved_streamed_transactions_come_out_whole_in_commit_order(
     db: Database, conn: Conn, pg2sink_proc: Proc, tmp_path: Path
 ) -> None:
     out, spill = tmp_path / "out.jsonl", tmp_path / "spill"
-    p = start(pg2sink_proc, out, spill)
+    # --streaming from the environment this time
+    p = pg2sink_proc(
+        "--file-path",
+        str(out),
+        *FAST,
+        env={"PG2SINK_STREAMING": "true", "PG2SINK_SPILL_DIR": str(spill)},
+    )
+    p.start().wait_streaming()
     a, b = db.connect(), db.connect()
     a.execute("BEGIN")
     b.execute("BEGIN")
