@@ -13,7 +13,14 @@ from pg2sink.catalog.catalog import CatalogLookup
 from pg2sink.changelog.builder import ChangelogBuilder
 from pg2sink.logical.decoder import decode
 from pg2sink.logical.lsn import format_lsn
-from pg2sink.logical.messages import Begin, Commit, PgOutputMessage, Relation
+from pg2sink.logical.messages import (
+    Begin,
+    Commit,
+    PgOutputMessage,
+    Relation,
+    StreamStart,
+    StreamStop,
+)
 from pg2sink.logical.render import render
 from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.base import Sink
@@ -67,6 +74,8 @@ class DecodeOnlyHandler:
         self.out = out
         self.relations: dict[int, Relation] = {}
         self._in_transaction = False
+        #: between Stream Start and Stream Stop (--streaming): data messages carry an xid
+        self._in_stream = False
         self.tag_counts = [0] * 256
 
     @property
@@ -76,7 +85,9 @@ class DecodeOnlyHandler:
     def feed(self, payload: bytes | memoryview, lsn: int) -> int:
         if payload:
             self.tag_counts[payload[0]] += 1
-        msg = decode(payload)
+        msg = decode(payload, self._in_stream)
+        if isinstance(msg, StreamStart | StreamStop):
+            self._in_stream = isinstance(msg, StreamStart)
         self.handle(msg, lsn)
         return msg.end_lsn if isinstance(msg, Commit) else 0
 
