@@ -20,6 +20,8 @@ from psycopg.rows import TupleRow
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.errors import ServerConfigError
 from pg2sink.imports.gate import GateHeld, ImportGate
+from pg2sink.logical.decoder import decode
+from pg2sink.logical.messages import StreamAbort
 from pg2sink.sinks.file import FileSink
 from pg2sink.subscription.handlers import ChangelogHandler
 from pg2sink.subscription.streaming import StreamingHandler, check_streaming_server
@@ -136,10 +138,11 @@ def test_rolled_back_savepoints_lose_exactly_their_rows(
     with conn.transaction():
         insert(conn, 1, 3000)
         conn.execute("SAVEPOINT s1")
-        insert(conn, 1, 100, "other")  # other's Relation is first sent inside s1,
         insert(conn, 3001, 6000)  # streamed before the rollback (well past 64kB)
+        insert(conn, 1, 100, "other")  # other's Relation may first be sent inside s1
+        insert(conn, 6001, 6500)
         conn.execute("ROLLBACK TO SAVEPOINT s1")
-        insert(conn, 6001, 9000)
+        insert(conn, 6501, 9000)
         conn.execute("SAVEPOINT kept")
         insert(conn, 9001, 10_000)
         conn.execute("RELEASE SAVEPOINT kept")
@@ -155,7 +158,7 @@ def test_rolled_back_savepoints_lose_exactly_their_rows(
     wait_confirmed(db, p, end)
     assert p.stop() == 0
     mods = modifications(out)
-    expected = [*range(1, 3001), *range(6001, 10_001), *range(12_001, 13_001)]
+    expected = [*range(1, 3001), *range(6501, 10_001), *range(12_001, 13_001)]
     assert ids(mods) == expected
     assert ids(mods, "other") == list(range(200, 301))
     assert len(mods) == len(expected) + 101
@@ -363,6 +366,40 @@ def test_replay_held_by_the_import_gate_resumes_where_it_stopped(
     assert_one_transaction(expected)
     assert modifications(gated) == expected
     assert spill_files(tmp_path / "spill2") == []
+
+
+def test_streamed_changes_of_a_rolled_back_savepoint_are_dropped(
+    db: Database, conn: Conn, tmp_path: Path
+) -> None:
+    """In process, on the server's own messages: the rolled-back subtransaction's
+    changes were streamed (so pg2sink held them) and none of them reaches the sink."""
+    conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE big").format(sql.Identifier(db.publication))
+    )
+    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (db.slot,))
+    conn.execute("SET synchronous_commit = on")
+    with conn.transaction():
+        insert(conn, 1, 1000)
+        conn.execute("SAVEPOINT s1")
+        insert(conn, 1001, 2000)
+        conn.execute("ROLLBACK TO SAVEPOINT s1")
+        insert(conn, 2001, 2500)
+    messages = peek_streamed(conn, db.slot, db.publication)
+    aborts = [decode(data) for _, data in messages if data[:1] == b"A"]
+    assert len(aborts) == 1 and isinstance(aborts[0], StreamAbort)
+    subxid = aborts[0].subxid
+    assert subxid != aborts[0].xid
+    streamed_in_subxact = [
+        data for _, data in messages if data[:1] == b"I" and int.from_bytes(data[1:5]) == subxid
+    ]
+    assert len(streamed_in_subxact) > 100  # the server did stream them before the rollback
+
+    out, spill = tmp_path / "out.jsonl", tmp_path / "spill"
+    replay(conn, messages, out, spill, None)
+    mods = modifications(out)
+    assert ids(mods) == [*range(1, 1001), *range(2001, 2501)]
+    assert_one_transaction(mods)
+    assert spill_files(spill) == []
 
 
 def test_older_server_is_refused_in_one_line() -> None:
