@@ -187,11 +187,6 @@ class StreamingHandler:
     def in_transaction(self) -> bool:
         return self.inner.in_transaction
 
-    @property
-    def open_transactions(self) -> int:
-        """Streamed transactions neither committed nor aborted yet."""
-        return len(self._open)
-
     def feed(self, payload: bytes | memoryview, lsn: int) -> int:
         """As ChangeHandler.feed; an ordinary message costs one test more than without
         --streaming."""
@@ -222,8 +217,9 @@ class StreamingHandler:
         elif tag == _STREAM_STOP:
             self._block = None
         elif tag != _ORIGIN:  # an Origin after Stream Start: not part of the records
-            name = MessageTag(tag).name if tag in MessageTag._value2member_map_ else chr(tag)
-            raise DecodeError(f"unexpected pgoutput {name} message inside a stream block")
+            raise DecodeError(
+                f"unexpected pgoutput message {chr(tag)!r} (0x{tag:02x}) inside a stream block"
+            )
         return 0
 
     def _control(self, payload: bytes | memoryview, lsn: int) -> int:

@@ -18,7 +18,7 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pg2sink.catalog.catalog import Catalog
-from pg2sink.errors import ServerConfigError
+from pg2sink.errors import DecodeError, ServerConfigError
 from pg2sink.imports.gate import GateHeld, ImportGate
 from pg2sink.logical.decoder import decode
 from pg2sink.logical.messages import StreamAbort
@@ -26,6 +26,7 @@ from pg2sink.sinks.file import FileSink
 from pg2sink.subscription.handlers import ChangelogHandler
 from pg2sink.subscription.streaming import StreamingHandler, check_streaming_server
 from tests.conftest import Database, Pg2Sink, read_jsonl, wait_for
+from tests.logical import golden as g
 
 Proc = Callable[..., Pg2Sink]
 Conn = psycopg.Connection[TupleRow]
@@ -400,6 +401,24 @@ def test_streamed_changes_of_a_rolled_back_savepoint_are_dropped(
     assert ids(mods) == [*range(1, 1001), *range(2001, 2501)]
     assert_one_transaction(mods)
     assert spill_files(spill) == []
+
+
+def test_out_of_order_stream_messages_are_one_clear_error(conn: Conn, tmp_path: Path) -> None:
+    sink = FileSink(str(tmp_path / "out.jsonl"))
+    sink.open()
+    handler = StreamingHandler(ChangelogHandler(Catalog(conn), sink), str(tmp_path / "spill"))
+    with pytest.raises(DecodeError, match="transaction 747 without its first segment"):
+        handler.feed(g.STREAM_START_NEXT, 1)
+    with pytest.raises(DecodeError, match="stream commit of transaction 747 that was never"):
+        handler.feed(g.STREAM_COMMIT, 1)
+    handler.feed(g.STREAM_START_FIRST, 1)
+    with pytest.raises(DecodeError, match=r"unexpected pgoutput message 'B' \(0x42\) inside"):
+        handler.feed(g.BEGIN, 2)
+    with pytest.raises(DecodeError, match="streamed pgoutput message of 3 bytes"):
+        handler.feed(g.STREAM_INSERT_BIG[:3], 2)
+    handler.discard_spills()
+    assert spill_files(tmp_path / "spill") == []
+    sink.close()
 
 
 def test_older_server_is_refused_in_one_line() -> None:
