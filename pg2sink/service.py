@@ -196,10 +196,12 @@ class StreamService:
                 stats.set_server_position(server_position(conn, src.slot))
 
             stats.publication_tables = len(self._reconcile(manager).members)
+            ensure_slot(conn, src.slot)
             if self.imports and self.engine is None:
+                # only once the slot exists: a transaction committed after an import's
+                # snapshot must be in the slot's stream, or it would be in neither
                 self.engine = ImportEngine(self.cfg, self.stats, self.gate or ImportGate())
                 self.engine.start()
-            ensure_slot(conn, src.slot)
             repl = ReplicationStream(connect(src.dsn, replication=True))
             stack.callback(repl.close)
             repl.start(

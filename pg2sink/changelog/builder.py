@@ -167,7 +167,7 @@ class ChangelogBuilder:
         msg = decode(data)
         if self.gate is not None:  # an import runs: its table's changes come here
             try:
-                admitted = self.gate.admit(self, msg)
+                admitted = self.gate.admit(self, msg, lsn)
             except BaseException:  # GateHeld: nothing emitted; the stream feeds it again
                 self.tag_counts[tag] -= 1
                 raise

@@ -246,7 +246,7 @@ class ImportEngine:
             if not wait_for_transactions(conn, stop=lambda: self.stopping):
                 return
             exporter = ExportedSnapshot.open(self.src.dsn)
-            self.gate.open_snapshot(schema, table, exporter.visibility)
+            self.gate.open_snapshot(schema, table, exporter.visibility, exporter.lsn)
             jobs.record_snapshot(
                 conn,
                 internal,
@@ -269,7 +269,7 @@ class ImportEngine:
 
                 rows = self._run_spark(job, plan, todo, exporter.name, advance)
             jobs.finish(conn, internal, job.id)
-            self.gate.release(schema, table)
+            self.gate.finish(schema, table)
             progress.state = "done"
             elapsed = time.monotonic() - started
             log.info(
@@ -284,11 +284,11 @@ class ImportEngine:
         except Exception as e:
             if self.stopping:
                 # the process stops: the job stays `running` and resumes at the next start
-                self.gate.release(schema, table, retry=True)
+                self.gate.finish(schema, table, retry=True)
                 return
             message = _one_line(e)
             delay = jobs.fail(conn, internal, job.id, message, self.backoff)
-            self.gate.release(schema, table, retry=True)
+            self.gate.finish(schema, table, retry=True)
             progress.state = "failed"
             self.stats.count_error(e)
             log.warning(

@@ -7,9 +7,16 @@ such change, before anything of it is emitted; the replication loop answers the 
 with status updates while it waits (subscription/stream.py) and feeds the same message
 again when the gate moves. A change from a transaction S sees is already in the import
 rows: it passes (its key's last visible change equals the import row), except where
-replaying it would undo import rows: TRUNCATE of T while the import runs, and any change
-of a table without a key, whose consumers cannot match a change to its import row.
-Those are already reflected in the import rows and are not written (see the doc).
+replaying it would undo import rows: TRUNCATE of T, and any change of a table without a
+key, whose consumers cannot match a change to its import row. Those are already
+reflected in the import rows and are not written (see the doc).
+
+The stream may lag behind the import: changes the snapshot sees can still arrive after
+the job ended. So a finished (or failed) import leaves its table in the "after" state,
+where the same rules apply to the changes the snapshot sees, and everything else passes,
+until the first change at or past the snapshot's WAL position: the stream sends whole
+transactions in commit order, and every transaction the snapshot sees committed before
+that position, so from there on none can come and the table leaves the gate.
 
 Cost on the hot path when no import runs: none. The builder's fast path
 (ChangelogBuilder.feed) reads INSERT/UPDATE rows with a per-relation reader; a gated
@@ -56,6 +63,10 @@ class _Entry:
     """The import's snapshot; None while it is being taken."""
     holding: bool
     """The import is running (True) or only pending (a keyless table waiting its turn)."""
+    lsn: int = 0
+    """WAL insert position when the snapshot was taken."""
+    after: bool = False
+    """The import ended: changes the snapshot does not see pass instead of waiting."""
 
 
 def _decline(data: bytes) -> None:
@@ -92,19 +103,30 @@ class ImportGate:
         """The import of this table starts: hold its changes until its snapshot is known."""
         self._set((schema, table), _Entry(keyless, None, True))
 
-    def open_snapshot(self, schema: str, table: str, visibility: Visibility) -> None:
+    def open_snapshot(self, schema: str, table: str, visibility: Visibility, lsn: int) -> None:
         """The import reads at `visibility`: changes it sees pass, the others wait."""
         entry = self._tables.get((schema, table))
         keyless = entry.keyless if entry is not None else False
-        self._set((schema, table), _Entry(keyless, visibility, True))
+        self._set((schema, table), _Entry(keyless, visibility, True, lsn))
 
-    def release(self, schema: str, table: str, *, retry: bool = False) -> None:
-        """The import ended (done, or failed with `retry`): held changes go on."""
+    def finish(self, schema: str, table: str, *, retry: bool = False) -> None:
+        """The import ended (done, or failed and to be retried): held changes go on.
+
+        Changes its snapshot saw may still be on their way (a lagging stream): the
+        table stays gated in the "after" state, or, keyless with a retry to come, back
+        in the pending state. Without a snapshot, nothing was written: it leaves."""
         key = (schema, table)
         entry = self._tables.get(key)
         if entry is not None and entry.keyless and retry:
             self._set(key, _Entry(True, None, False))
-            return
+        elif entry is not None and entry.visibility is not None:
+            self._set(key, dataclasses.replace(entry, after=True))
+        else:
+            self.release(schema, table)
+
+    def release(self, schema: str, table: str) -> None:
+        """The table leaves the gate: its fast reader comes back."""
+        key = (schema, table)
         with self._cond:
             tables = dict(self._tables)
             tables.pop(key, None)
@@ -145,8 +167,10 @@ class ImportGate:
         if (rel.namespace, rel.name) in self._tables:
             self._swap(rel)
 
-    def admit(self, builder: ChangelogBuilder, msg: PgOutputMessage) -> PgOutputMessage | None:
-        """`msg` as it may be handled now, None to leave it out; GateHeld to wait."""
+    def admit(
+        self, builder: ChangelogBuilder, msg: PgOutputMessage, lsn: int
+    ) -> PgOutputMessage | None:
+        """`msg` (at `lsn`) as it may be handled now, None to leave it out; GateHeld to wait."""
         tables = self._tables
         if not tables:
             return msg
@@ -159,29 +183,37 @@ class ImportGate:
             entry = tables.get((rel.namespace, rel.name))
             if entry is None:
                 return msg
-            return msg if self._decide(entry, rel, builder.xid, False) else None
+            return msg if self._decide(entry, rel, builder.xid, lsn, False) else None
         if cls is Truncate:
             assert isinstance(msg, Truncate)
             kept = []
             for relation_id in msg.relation_ids:
                 rel = builder.relations.get(relation_id)
                 entry = tables.get((rel.namespace, rel.name)) if rel is not None else None
-                if rel is None or entry is None or self._decide(entry, rel, builder.xid, True):
+                if rel is None or entry is None or self._decide(entry, rel, builder.xid, lsn, True):
                     kept.append(relation_id)
             if len(kept) == len(msg.relation_ids):
                 return msg
             return dataclasses.replace(msg, relation_ids=tuple(kept)) if kept else None
         return msg
 
-    def _decide(self, entry: _Entry, rel: RelationState, xid: int, truncate: bool) -> bool:
+    def _decide(
+        self, entry: _Entry, rel: RelationState, xid: int, lsn: int, truncate: bool
+    ) -> bool:
         """True: emit; False: leave out (the import carries it); GateHeld: wait."""
         table = f"{rel.namespace}.{rel.name}"
         if not entry.holding:
             return False  # keyless, job pending: its future snapshot sees this change
         if entry.visibility is None:
             raise GateHeld(self, table)
-        if not entry.visibility.visible(xid):
-            raise GateHeld(self, table)
+        if lsn >= entry.lsn or not entry.visibility.visible(xid):
+            # newer than the import rows: after them
+            if not entry.after:
+                raise GateHeld(self, table)
+            if lsn >= entry.lsn:
+                # past the snapshot in commit order: nothing it saw can follow
+                self.release(rel.namespace, rel.name)
+            return True
         # seen by the snapshot: in the import rows already
         return not (entry.keyless or truncate)
 

@@ -252,7 +252,7 @@ class Streamer:
                 end_lsn = self.handler.feed(payload, lsn)
             except GateHeld:
                 continue
-            log.info("stream resumed: the import of %s is done", held.table)
+            log.info("stream resumed after waiting for the import of %s", held.table)
             return end_lsn
 
     def tick(self) -> None:
