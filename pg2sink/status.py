@@ -108,17 +108,18 @@ def request_imports(src: SourceConfig, tables: list[str]) -> list[str]:
         if not dot or not schema or not table:
             raise ConfigError(f"invalid --table {name!r}: expected SCHEMA.TABLE")
         targets.append((schema, table))
-    apply_migrations(src.dsn, src.internal_schema)
     conn = connect(src.dsn, application_name="pg2sink import")
     try:
         published = {(t.schema, t.name) for t in publication_members(conn, src.publication)}
-        out = []
         for schema, table in targets:
             if (schema, table) not in published:
                 raise ConfigError(
                     f"table {schema}.{table} is not in publication {src.publication}: "
                     "pg2sink imports published tables only"
                 )
+        apply_migrations(src.dsn, src.internal_schema)
+        out = []
+        for schema, table in targets:
             job_id = jobs.request_import(conn, src.internal_schema, src.publication, schema, table)
             out.append(f"import job {job_id} created for {schema}.{table}")
         return out

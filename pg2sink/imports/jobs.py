@@ -142,25 +142,28 @@ def expire_jobs(
     internal_schema: str,
     publication: str,
     tables: Iterable[tuple[str, str]],
+    *,
+    done_too: bool = False,
 ) -> int:
-    """Expire the live jobs of these tables; how many."""
+    """Expire the live jobs of these tables (and the done ones with `done_too`); how many."""
+    states = ("pending", "running", "failed", "done") if done_too else LIVE_STATES
     query = sql.SQL(
         "UPDATE {} SET state = 'expired', expired_at = now(), updated_at = now() "
         "WHERE publication = %s AND schema_name = %s AND table_name = %s "
-        "AND state IN ('pending', 'running', 'failed')"
+        "AND state = ANY(%s)"
     ).format(_t(internal_schema, "import_jobs"))
     n = 0
     for schema, table in tables:
-        n += conn.execute(query, (publication, schema, table)).rowcount
+        n += conn.execute(query, (publication, schema, table, list(states))).rowcount
     return n
 
 
 def request_import(
     conn: psycopg.Connection[Any], internal_schema: str, publication: str, schema: str, table: str
 ) -> int:
-    """`pg2sink import --table`: expire the table's live job and create a new one."""
+    """`pg2sink import --table`: expire the table's jobs and create a new one."""
     with conn.transaction():
-        expire_jobs(conn, internal_schema, publication, [(schema, table)])
+        expire_jobs(conn, internal_schema, publication, [(schema, table)], done_too=True)
         ids = create_jobs(conn, internal_schema, publication, [(schema, table)], "request")
     return ids[0]
 

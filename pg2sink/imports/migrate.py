@@ -25,6 +25,8 @@ from pg2sink.config import SecretDsn
 from pg2sink.errors import ConfigError, ServerConfigError
 
 log = logging.getLogger(__name__)
+# yoyo logs every step at INFO; pg2sink logs one line per migration applied instead
+logging.getLogger("yoyo").setLevel(logging.WARNING)
 
 try:
     from yoyo import read_migrations  # type: ignore[import-untyped]

@@ -63,17 +63,17 @@ def _norm(row: dict[str, object]) -> dict[str, object]:
 
 def _check_converged(records: list[dict[str, object]], conn: psycopg.Connection[TupleRow]) -> None:
     single_cols = ("id", "name", "amount", "flag", "tags")
-    got = replay(records, "public.single", ("id",))  # type: ignore[arg-type]
+    got = replay(records, "public.single", ("id",))
     want = {(r["id"],): _norm(r) for r in select_rows(conn, "public.single", single_cols)}
     assert got.keys() == want.keys()
     assert got == want
-    got_c = replay(records, "public.composite", ("region", "n"))  # type: ignore[arg-type]
+    got_c = replay(records, "public.composite", ("region", "n"))
     want_c = {
         (r["region"], r["n"]): r
         for r in select_rows(conn, "public.composite", ("region", "n", "note"))
     }
     assert got_c == want_c
-    got_n = replay_rows(records, "public.nokey")  # type: ignore[arg-type]
+    got_n = replay_rows(records, "public.nokey")
     want_n = Counter(
         json.dumps(r, sort_keys=True) for r in select_rows(conn, "public.nokey", ("x", "y"))
     )
