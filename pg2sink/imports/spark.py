@@ -209,7 +209,6 @@ class SparkRunner:
             ) from None
 
     def _run(self, task: ImportTask, progress: Callable[[int], None] | None) -> int:
-        plan = task.plan
         with psycopg.connect(
             task.source_dsn, autocommit=True, application_name="pg2sink import"
         ) as conn:
@@ -221,8 +220,11 @@ class SparkRunner:
         reader = spark.read.format("jdbc").option("url", url).options(**props)
         frames = [reader.option("dbtable", f"({q}) AS t").load() for q in queries]
         frame = functools.reduce(lambda a, b: a.union(b), frames)
+        # text-like columns stay strings (str in the executor at no cost); the others
+        # reach their converters as the bytes the stream's decoders take
+        text = job.text_columns()
         frame = frame.selectExpr(
-            *[f"CAST(c{i} AS BINARY) AS c{i}" for i in range(len(plan.columns))]
+            *[f"c{i}" if t else f"CAST(c{i} AS BINARY) AS c{i}" for i, t in enumerate(text)]
         )
         from pg2sink.imports.writers import write_partition
 
@@ -236,8 +238,8 @@ class SparkRunner:
         rows = sum(int(r["rows"]) for r in results)
         log.info(
             "import of %s.%s: %d rows in %d partitions written",
-            plan.schema,
-            plan.table,
+            task.plan.schema,
+            task.plan.table,
             rows,
             len(results),
         )

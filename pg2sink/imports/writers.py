@@ -28,6 +28,7 @@ taken, xid = 0, operation IMPORT, before null.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from pg2sink.catalog.types import PgType
-from pg2sink.changelog.jsonenc import default, dumps
+from pg2sink.changelog.jsonenc import LINE_OPTIONS, default, dumps
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.changelog.rows import RowDecoder
 from pg2sink.changelog.typemap import codec_for
@@ -103,9 +104,21 @@ class PartitionJob:
     schema_ids: tuple[tuple[str, int], ...] = ()
     """Kafka Avro: (subject, id) registered by the driver."""
 
-    def converters(self, json_values: bool) -> list[Callable[[bytes], object]]:
+    @property
+    def json_values(self) -> bool:
+        """Whether the sink takes values in their JSON form (file, Kafka --format json)."""
+        kafka = self.sink.kafka
+        return self.sink.kind == "file" or (kafka is not None and kafka.format == "json")
+
+    def converters(self) -> list[Callable[[bytes], object]]:
+        """Per column, the stream's converter for this sink (codec.to_json or .decode)."""
         codecs = [codec_for(t, m) for t, m in zip(self.types, self.typmods, strict=True)]
-        return [c.to_json if json_values else c.decode for c in codecs]
+        return [c.to_json if self.json_values else c.decode for c in codecs]
+
+    def text_columns(self) -> tuple[bool, ...]:
+        """Per column, whether its value is its text as a str (text, varchar, json...):
+        those reach the executor as Arrow strings, already str, and are not converted."""
+        return tuple(c is _AS_TEXT for c in self.converters())
 
 
 class KnownSchemaIds:
@@ -140,9 +153,53 @@ class RecordingRegistry:
         self._inner.close()
 
 
-def _columns(batch: pa.RecordBatch) -> Iterator[tuple[object, ...]]:
-    """The rows of a batch of binary columns as tuples of bytes (None for NULL)."""
-    return zip(*(column.to_pylist() for column in batch.columns), strict=True)
+#: the converter of text-like types (typemap's _decode_text): the value is its text
+_AS_TEXT: Callable[[bytes], object] = bytes.decode
+
+
+class BatchDecoder:
+    """Arrow batches -> {column: value} dicts, with the stream's converters.
+
+    Column at a time rather than row at a time: each column's values come out of Arrow
+    as one list (C++), and a converter maps over it in one map() call (measured: about
+    half the time of the per-row RowDecoder here). Text-like columns arrive as str and
+    are kept. A value a converter rejects makes the batch go through RowDecoder, which
+    raises the DecodeError naming the column, as the stream does.
+    """
+
+    def __init__(self, job: PartitionJob) -> None:
+        self.names = tuple(f["pg.column"] for f in job.schema.schema["fields"])
+        converters = job.converters()
+        self._text = job.text_columns()
+        self._converters = [
+            None if text else c for c, text in zip(converters, self._text, strict=True)
+        ]
+        self._reference = RowDecoder(self.names, converters)
+
+    def rows(self, batch: pa.RecordBatch) -> Iterator[dict[str, object]]:
+        columns: list[list[object]] = []
+        for column, convert in zip(batch.columns, self._converters, strict=True):
+            values = column.to_pylist()
+            if convert is not None:
+                try:
+                    if column.null_count == 0:
+                        values = list(map(convert, values))
+                    else:
+                        values = [None if v is None else convert(v) for v in values]
+                except Exception:
+                    self._fail(batch)
+                    raise
+            columns.append(values)
+        return map(dict, map(functools.partial(zip, self.names), zip(*columns, strict=True)))
+
+    def _fail(self, batch: pa.RecordBatch) -> None:
+        """Decode the batch row by row with RowDecoder: raises the precise DecodeError."""
+        columns = [
+            [v.encode() if text and v is not None else v for v in column.to_pylist()]
+            for column, text in zip(batch.columns, self._text, strict=True)
+        ]
+        for values in zip(*columns, strict=True):
+            self._reference.decode(values)
 
 
 class FileWriter:
@@ -150,27 +207,22 @@ class FileWriter:
 
     def __init__(self, job: PartitionJob) -> None:
         self.path = job.sink.file_path
+        self._decoder = BatchDecoder(job)
         s = job.schema
-        self._decode = RowDecoder(
-            [f["pg.column"] for f in s.schema["fields"]], job.converters(json_values=True)
-        ).decode
-        # Everything before the sequence number and between it and the row is the same
-        # for every row of the job: encoded once (same keys and order as FileSink.write).
-        head = orjson.dumps(
-            {"kind": "modification", "timestamp": s.timestamp}, option=orjson.OPT_UTC_Z
-        )
-        self._head = head[:-1] + b',"sequence":'
-        rest = dumps(
-            {
-                "lsn": s.lsn,
-                "xid": 0,
-                "operation": Operation.IMPORT,
-                "namespace": s.namespace,
-                "name": s.name,
-                "before": None,
-            }
-        )
-        self._middle = b"," + rest[1:-1] + b',"after":'
+        # the line FileSink.write builds (same keys, same order); the commit time
+        # formatted once, as a raw fragment
+        self._envelope: dict[str, object] = {
+            "kind": "modification",
+            "timestamp": orjson.Fragment(dumps(s.timestamp)),
+            "sequence": 0,
+            "lsn": s.lsn,
+            "xid": 0,
+            "operation": Operation.IMPORT,
+            "namespace": s.namespace,
+            "name": s.name,
+            "before": None,
+            "after": None,
+        }
         self.rows = 0
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> int:
@@ -189,20 +241,18 @@ class FileWriter:
         return self.rows
 
     def _write(self, fd: int, batches: Iterator[pa.RecordBatch]) -> None:
-        decode, head, middle = self._decode, self._head, self._middle
-        dumps_row = orjson.dumps
-        option = orjson.OPT_UTC_Z
-        close = b"}\n"
+        rows, envelope = self._decoder.rows, self._envelope
+        line = orjson.dumps
         seq = self.rows
         lines: list[bytes] = []
         size = 0
         for batch in batches:
-            for values in _columns(batch):
-                row = dumps_row(decode(values), default=default, option=option)
-                line = b"".join((head, b"%d" % seq, middle, row, close))
-                lines.append(line)
-                size += len(line)
+            for row in rows(batch):
+                envelope["sequence"] = seq
+                envelope["after"] = row
+                lines.append(line(envelope, default=default, option=LINE_OPTIONS))
                 seq += 1
+            size += batch.nbytes
             if size >= WRITE_BYTES:
                 _write_all(fd, b"".join(lines))
                 lines.clear()
@@ -237,15 +287,12 @@ class KafkaWriter:
         )
         self._sink = KafkaSink(cfg, fmt)
         self._job = job
-        self._decode = RowDecoder(
-            [f["pg.column"] for f in job.schema.schema["fields"]],
-            job.converters(json_values=cfg.format == "json"),
-        ).decode
+        self._decoder = BatchDecoder(job)
         self.rows = 0
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> int:
         """Produce every row and wait for every delivery; the number of rows."""
-        sink, s, decode = self._sink, self._job.schema, self._decode
+        sink, s, rows = self._sink, self._job.schema, self._decoder.rows
         sink.open()
         try:
             sink.write(s)
@@ -253,8 +300,8 @@ class KafkaWriter:
             ts, lsn, ns, name, op = s.timestamp, s.lsn, s.namespace, s.name, Operation.IMPORT
             seq = 0
             for batch in batches:
-                for values in _columns(batch):
-                    write(Modification(ts, seq, lsn, 0, op, ns, name, None, decode(values)))
+                for row in rows(batch):
+                    write(Modification(ts, seq, lsn, 0, op, ns, name, None, row))
                     seq += 1
                 sink.start_flush()  # serve delivery reports as we go
             sink.checkpoint(1)

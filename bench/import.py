@@ -1,0 +1,305 @@
+"""`make bench-import`: a Spark snapshot import next to `COPY ... TO STDOUT` of the same table.
+
+Method
+------
+1. Start a throwaway PostgreSQL (scripts/services.py, as bench-stream does) in a
+   temporary directory and fill one table with bench-stream's column mix
+
+       bench (id int8 primary key, name text, amount numeric(12,2),
+              at timestamptz, flag bool, doc jsonb)
+
+   with `--rows` rows (default 5,000,000; bench/stream.py's row expressions), then
+   VACUUM ANALYZE it (hint bits and the visibility map set, so no reader pays for
+   them) and read it once to warm the cache.
+2. COPY: `psql -c "COPY (SELECT * FROM bench) TO STDOUT"` into /dev/null, the server's
+   fastest way to hand a table's text to a client; timed from process start to exit.
+3. pg2sink to the file sink: what the import engine does for a job (internal schema,
+   job, exported snapshot, plan_import with `--partitions` partitions, partitions
+   saved), then SparkRunner.run (`--spark-master`, default local[*]) into a JSON-lines
+   file. Spark's start-up (the SparkSession, one JVM) is started and timed before the
+   run and reported on its own line; the import's time is run() from call to return:
+   every row durably written (fsynced) and every partition marked done. The file
+   must hold exactly one Modification line per row.
+4. `--sink kafka` or `both` (the default): a Kafka broker and Apicurio Registry
+   (scripts/services.py, started after the file run so they do not compete with it)
+   and the same import with the Kafka sink (Avro, acks=all, idempotent producers, one
+   per task); timed the same way (every message acknowledged); the topic must then
+   hold exactly one message per row.
+
+Report: rows/s of each, and the ratio of each import's rows/s to COPY's (target for
+the file sink: >= 0.3; the long-run goal is 0.5), Spark's start-up separately.
+`--repeat` runs COPY and each import that many times (alternating) and reports
+medians. The machine's other load counts: the script prints the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from stream import (
+    ROW_EXPRESSIONS,
+    BenchError,
+    Conn,
+    KafkaTarget,
+    count_modifications,
+    load_services,
+    machine_info,
+    run_benchmark,
+    start_kafka,
+    start_postgres,
+    topic_message_count,
+)
+
+from pg2sink.config import KafkaConfig, SecretDsn
+from pg2sink.imports import jobs
+from pg2sink.imports.migrate import apply_migrations
+from pg2sink.imports.plan import plan_import
+from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot
+from pg2sink.imports.spark import ImportSinkConfig, ImportTask, SparkRunner
+
+TABLE = "bench"
+INTERNAL = "pg2sink"
+PUBLICATION = "bench_pub"
+DEFAULT_ROWS = 5_000_000
+DEFAULT_PARTITIONS = 8
+TARGET_RATIO = 0.3
+
+
+@dataclass
+class Run:
+    name: str
+    seconds: float
+    rows: int
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+def fill(conn: Conn, rows: int) -> None:
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int8 PRIMARY KEY, name text, amount numeric(12,2),"
+            " at timestamptz, flag bool, doc jsonb) WITH (autovacuum_enabled = false)"
+        ).format(sql.Identifier(TABLE))
+    )
+    t0 = time.monotonic()
+    conn.execute(
+        sql.SQL("INSERT INTO {} SELECT {} FROM generate_series(1, {}::int8) AS g(i)").format(
+            sql.Identifier(TABLE), ROW_EXPRESSIONS, sql.Literal(rows)
+        )
+    )
+    conn.execute(sql.SQL("VACUUM (ANALYZE, FREEZE) {}").format(sql.Identifier(TABLE)))
+    conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(TABLE)))
+    print(f"  {rows:,} rows written and vacuumed in {time.monotonic() - t0:.1f}s", flush=True)
+
+
+def run_copy(psql: str, dsn: str, rows: int) -> Run:
+    query = f"COPY (SELECT * FROM {TABLE}) TO STDOUT"
+    t0 = time.monotonic()
+    with open(os.devnull, "wb") as devnull:
+        res = subprocess.run(
+            [psql, "-X", "-q", "-d", dsn, "-c", query],
+            stdout=devnull,
+            stderr=subprocess.PIPE,
+            check=False,
+        )
+    seconds = time.monotonic() - t0
+    if res.returncode != 0:
+        raise BenchError(f"psql COPY exited {res.returncode}: {res.stderr.decode().strip()}")
+    return Run("COPY TO STDOUT (psql)", seconds, rows)
+
+
+def run_import(
+    runner: SparkRunner,
+    dsn: str,
+    sink: ImportSinkConfig,
+    partitions: int,
+    name: str,
+) -> Run:
+    """One job as the engine runs it: job, snapshot, plan, partitions, then run()."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        job_id = jobs.request_import(conn, INTERNAL, PUBLICATION, "public", TABLE)
+        snap = ExportedSnapshot.open(SecretDsn(dsn))
+        try:
+            jobs.record_snapshot(
+                conn,
+                INTERNAL,
+                job_id,
+                name=snap.name,
+                snapshot=str(snap.visibility),
+                lsn=snap.lsn,
+                time=snap.time,
+            )
+            with psycopg.connect(dsn, autocommit=True) as reader:
+                use_snapshot(reader, snap.name)
+                plan = plan_import(reader, "public", TABLE, target_partitions=partitions)
+                reader.execute("ROLLBACK")
+            jobs.save_partitions(conn, INTERNAL, job_id, plan.predicates, plan.rows_estimated)
+            task = ImportTask(
+                job_id,
+                plan,
+                tuple(range(len(plan.predicates))),
+                snap.name,
+                dsn,
+                INTERNAL,
+                sink,
+            )
+            t0 = time.monotonic()
+            rows = runner.run(task)
+            seconds = time.monotonic() - t0
+        finally:
+            snap.close()
+    return Run(name, seconds, rows)
+
+
+def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    services = load_services()
+    psql = str(services.postgres_bindir() / "psql")
+    if not Path(psql).exists():
+        psql = shutil.which("psql") or "psql"
+    use_file = args.sink in ("file", "both")
+    use_kafka = args.sink in ("kafka", "both")
+    copies: list[Run] = []
+    imports: dict[str, list[Run]] = {}
+    with contextlib.ExitStack() as stack:
+        print(f"starting PostgreSQL in {tmp} ...", flush=True)
+        server = start_postgres(services, tmp)
+        stack.callback(server.destroy)
+        dsn = server.dsn()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            info = machine_info(conn, "pg_recvlogical")
+            print(f"table: {args.rows:,} rows of bench-stream's column mix ...", flush=True)
+            fill(conn, args.rows)
+        apply_migrations(SecretDsn(dsn), INTERNAL)
+        runner = SparkRunner(args.spark_master)
+        stack.callback(runner.close)
+        print(f"starting Spark ({args.spark_master}) ...", flush=True)
+        runner.session()
+        startup = runner.startup_seconds
+        print(f"  Spark started in {startup:.1f}s", flush=True)
+        kafka: KafkaTarget | None = None
+        for run in range(1, args.repeat + 1):
+            step = f"run {run}/{args.repeat}"
+            copy = run_copy(psql, dsn, args.rows)
+            copies.append(copy)
+            print(f"{step}: COPY {copy.seconds:.2f}s", flush=True)
+            if use_file:
+                out = tmp / f"import_{run}.jsonl"
+                r = run_import(
+                    runner, dsn, ImportSinkConfig("file", str(out)), args.partitions, "file"
+                )
+                mods, _lines = count_modifications(out)
+                if mods != args.rows:
+                    raise BenchError(f"{out} holds {mods} Modification lines, not {args.rows}")
+                out.unlink()
+                imports.setdefault("pg2sink import, file sink", []).append(r)
+                print(f"{step}: import to the file sink {r.seconds:.2f}s", flush=True)
+            if use_kafka:
+                if kafka is None:
+                    kafka = start_kafka(services, tmp, stack)
+                prefix = f"bench{run}_{uuid.uuid4().hex[:8]}"
+                cfg = KafkaConfig(
+                    kafka.bootstrap_servers,
+                    schema_registry_url=kafka.registry_url,
+                    topic_prefix=prefix,
+                )
+                r = run_import(
+                    runner, dsn, ImportSinkConfig("kafka", kafka=cfg), args.partitions, "kafka"
+                )
+                topic = f"{prefix}.public.{TABLE}"
+                n = topic_message_count(kafka.bootstrap_servers, topic)
+                if n != args.rows:
+                    raise BenchError(f"topic {topic} holds {n} messages, not {args.rows}")
+                imports.setdefault("pg2sink import, Kafka sink", []).append(r)
+                print(f"{step}: import to Kafka {r.seconds:.2f}s", flush=True)
+    return report(args, copies, imports, startup, info)
+
+
+def report(
+    args: argparse.Namespace,
+    copies: list[Run],
+    imports: dict[str, list[Run]],
+    startup: float,
+    info: dict[str, Any],
+) -> dict[str, Any]:
+    copy_rate = statistics.median(r.rows_per_second for r in copies)
+    print()
+    print(
+        f"bench-import: {args.rows:,} rows, {args.partitions} partitions, "
+        f"--spark-master {args.spark_master}, {info['nproc']} CPUs ({info['cpu']}), "
+        f"PostgreSQL {info['postgresql']}, load average {os.getloadavg()[0]:.2f}"
+    )
+    print(f"{'':32} {'seconds':>9} {'rows/s':>12} {'x COPY':>7}")
+    print(
+        f"{'COPY TO STDOUT (psql)':32} {statistics.median(r.seconds for r in copies):9.2f}"
+        f" {copy_rate:12,.0f} {1.0:7.2f}"
+    )
+    figures: dict[str, Any] = {
+        "rows": args.rows,
+        "partitions": args.partitions,
+        "spark_master": args.spark_master,
+        "spark_startup_seconds": startup,
+        "copy": {"seconds": [r.seconds for r in copies], "rows_per_second": copy_rate},
+        "machine": info,
+    }
+    for name, runs in imports.items():
+        rate = statistics.median(r.rows_per_second for r in runs)
+        seconds = statistics.median(r.seconds for r in runs)
+        print(f"{name:32} {seconds:9.2f} {rate:12,.0f} {rate / copy_rate:7.2f}")
+        figures[name] = {
+            "seconds": [r.seconds for r in runs],
+            "rows_per_second": rate,
+            "ratio_to_copy": rate / copy_rate,
+        }
+    print(f"{'Spark start-up (once)':32} {startup:9.2f}")
+    file_runs = imports.get("pg2sink import, file sink")
+    if file_runs:
+        ratio = statistics.median(r.rows_per_second for r in file_runs) / copy_rate
+        verdict = "met" if ratio >= TARGET_RATIO else "NOT met"
+        print(f"target: file sink >= {TARGET_RATIO}x COPY: {verdict} ({ratio:.2f}x)")
+    return figures
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="pg2sink's Spark snapshot import next to COPY TO STDOUT (see bench/README.md)."
+    )
+    p.add_argument("--rows", type=int, default=DEFAULT_ROWS, help="table size (default 5M)")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=DEFAULT_PARTITIONS,
+        help=f"target partitions of the import (default {DEFAULT_PARTITIONS})",
+    )
+    p.add_argument("--sink", choices=["file", "kafka", "both"], default="both")
+    p.add_argument("--spark-master", default="local[*]", help="default local[*]")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each (default 1)")
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = p.parse_args(argv)
+    if args.rows < 1 or args.repeat < 1 or args.partitions < 1:
+        p.error("--rows, --repeat and --partitions must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_benchmark("bench-import", parse_args(argv), bench, "pg2sink-import-")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
