@@ -27,6 +27,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
+from pg2sink.errors import ImportFailed
+
 log = logging.getLogger(__name__)
 
 #: States in which a job still has work to do.
@@ -316,8 +318,27 @@ def mark_partition_done(
     """Partition `partition` of job `job_id` is durable in the sink with `rows` rows.
 
     Called by the runner's executors after their flush; commits. Marking twice is
-    harmless (the second call changes nothing)."""
+    harmless (the second call changes nothing). A `running` job whose engine is gone (its
+    advisory lock is free: the process was killed, and this executor outlived it) is not
+    marked: ImportFailed. The partition is then read again by the resumed job, whose
+    rows follow these in the sink, so the orphan's late rows cannot have the last word.
+    """
     with conn.transaction():
+        orphan = conn.execute(
+            sql.SQL(
+                "SELECT j.state = 'running' AND NOT EXISTS (SELECT 1 FROM pg_locks l"
+                " WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted"
+                " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                " AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended(%s, 0))"
+                " FROM {} j WHERE j.id = %s"
+            ).format(_t(internal_schema, "import_jobs")),
+            (_lock_key(internal_schema, job_id), job_id),
+        ).fetchone()
+        if orphan is not None and orphan[0]:
+            raise ImportFailed(
+                f"import job {job_id} is no longer run by a live pg2sink: "
+                f"partition {partition} not marked done"
+            )
         row = conn.execute(
             sql.SQL(
                 "UPDATE {} p SET done = true, rows = %s, done_at = now(), attempt = j.attempts "

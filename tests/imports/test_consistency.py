@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -254,3 +255,65 @@ def test_a_table_created_while_streaming_is_imported(
     state = replay(records, "public.created", ("id",))
     assert len(state) == 500
     assert state[(7,)] == {"id": 7, "v": "changed"}
+
+
+def test_kill_9_during_an_import_resumes_from_the_done_partitions(
+    db: Database, pg2sink_proc: Callable[..., Pg2Sink], tmp_path: Path
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE public.big (id int PRIMARY KEY, pad text)")
+    conn.execute(
+        "INSERT INTO public.big SELECT g, repeat('x', 200) || g FROM generate_series(1, 200000) g"
+    )
+    out = tmp_path / "changes.jsonl"
+    proc = start_with_imports(pg2sink_proc, out)
+
+    def partitions() -> list[tuple[int, bool, int | None, str]]:
+        return [
+            (int(r[0]), bool(r[1]), r[2], r[3])
+            for r in conn.execute(
+                "SELECT partition, done, attempt, predicate FROM pg2sink.import_partitions"
+                " ORDER BY partition"
+            ).fetchall()
+        ]
+
+    def some_done() -> bool:
+        assert proc.proc is not None and proc.proc.poll() is None, proc.stderr()
+        try:
+            parts = partitions()
+        except psycopg.errors.UndefinedTable:
+            return False
+        done = sum(1 for p in parts if p[1])
+        return bool(parts) and 1 <= done < len(parts)
+
+    wait_for(some_done, 240, "some partitions of public.big to be done")
+    proc.kill()
+    time.sleep(1)  # the server notices the engine's connection is gone
+    first = {p[0] for p in partitions() if p[1]}
+    assert 0 < len(first) < len(partitions())
+    proc.start()
+    proc.wait_streaming(60)
+    wait_imported(db, {"public.big"}, proc)
+    wait_confirmed(db, proc)
+    assert proc.stop() == 0
+
+    parts = partitions()
+    assert {p[0] for p in parts if p[2] == 1} == first  # not written again
+    assert all(p[1] and p[2] == 2 for p in parts if p[0] not in first)
+    owner = {}
+    for number, _, _, predicate in parts:
+        for (key,) in conn.execute(f"SELECT id FROM public.big WHERE {predicate}").fetchall():
+            owner[key] = number
+    assert len(owner) == 200_000
+    seen = Counter(
+        r["after"]["id"]
+        for r in read_changelog(out)
+        if r.get("operation") == "IMPORT" and r["name"] == "big"
+    )
+    assert set(seen) == set(owner)
+    repeated = {owner[k] for k, n in seen.items() if n > 1}
+    # only partitions that were being written at the kill were read twice
+    assert not repeated & first
+    assert len(repeated) <= (os.cpu_count() or 1)
+    state = replay(read_changelog(out), "public.big", ("id",))
+    assert len(state) == 200_000

@@ -10,6 +10,7 @@ import pytest
 from psycopg.rows import TupleRow
 
 from pg2sink.config import SecretDsn
+from pg2sink.errors import ImportFailed
 from pg2sink.imports import jobs
 from pg2sink.imports.migrate import apply_migrations
 from pg2sink.imports.snapshot import Visibility
@@ -169,3 +170,18 @@ def test_a_failing_job_records_its_error_and_backs_off(
     assert status.returncode == 0, status.stderr
     assert "public.doomed: failed" in status.stdout or "public.doomed: running" in status.stdout
     assert proc.stop() == 0
+
+
+def test_a_partition_of_a_job_whose_engine_died_is_not_marked(
+    db: Database, store: psycopg.Connection[TupleRow]
+) -> None:
+    (job_id,) = jobs.create_jobs(store, S, "pub", [("public", "a")])
+    jobs.save_partitions(store, S, job_id, ["true"], 1)
+    engine = db.connect()
+    assert jobs.claim(engine, S, "pub") is not None
+    jobs.mark_partition_done(store, S, job_id, 0, 1)  # the engine holds the job: fine
+    jobs.save_partitions(store, S, job_id, ["true", "false"], 1)
+    engine.close()  # killed
+    with pytest.raises(ImportFailed, match="no longer run by a live pg2sink"):
+        jobs.mark_partition_done(store, S, job_id, 1, 0)
+    assert [p.done for p in jobs.load_partitions(store, S, job_id)] == [True, False]
