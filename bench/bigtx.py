@@ -180,6 +180,7 @@ def run_mode(
         "--publication",
         PUBLICATION,
         *sink_args,
+        "--no-imports",  # the benchmark measures the stream only
         "--log-level",
         "info",
         "--metrics-address",

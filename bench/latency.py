@@ -259,6 +259,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 kafka.registry_url,
                 "--topic-prefix",
                 prefix,
+                "--no-imports",  # the benchmark measures the stream only
                 "--log-level",
                 "warning",
                 "--metrics-address",

@@ -680,6 +680,7 @@ def run_pg2sink(
         "--publication",
         PUBLICATION,
         *sink_args,
+        "--no-imports",  # the benchmark measures the stream only
         "--log-level",
         "warning",
         # any free port: never clash with a pg2sink already running on this machine
