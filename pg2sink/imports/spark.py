@@ -37,6 +37,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -148,8 +149,6 @@ class SparkRunner:
             raise ConfigError(
                 "imports run on Spark: install pyspark (pip install 'pg2sink[spark]')"
             ) from None
-        import time
-
         started = time.monotonic()
         builder = (
             SparkSession.builder.master(self.master)
@@ -209,6 +208,7 @@ class SparkRunner:
             ) from None
 
     def _run(self, task: ImportTask, progress: Callable[[int], None] | None) -> int:
+        t0 = time.monotonic()
         with psycopg.connect(
             task.source_dsn, autocommit=True, application_name="pg2sink import"
         ) as conn:
@@ -220,15 +220,10 @@ class SparkRunner:
         reader = spark.read.format("jdbc").option("url", url).options(**props)
         frames = [reader.option("dbtable", f"({q}) AS t").load() for q in queries]
         frame = functools.reduce(lambda a, b: a.union(b), frames)
-        # text-like columns stay strings (str in the executor at no cost); the others
-        # reach their converters as the bytes the stream's decoders take
-        text = job.text_columns()
-        frame = frame.selectExpr(
-            *[f"c{i}" if t else f"CAST(c{i} AS BINARY) AS c{i}" for i, t in enumerate(text)]
-        )
         from pg2sink.imports.writers import write_partition
 
         out = frame.mapInArrow(functools.partial(write_partition, job), "partition int, rows long")
+        log.debug("import of %s.%s: Spark job ready in %.2fs", *_name(task), time.monotonic() - t0)
         poller = _ProgressPoller(task, progress) if progress is not None else None
         try:
             results = out.collect()
@@ -456,6 +451,10 @@ class _ProgressPoller:
 _ERROR_LINE = re.compile(
     r"(pg2sink\.errors\.\w+|org\.postgresql\.util\.PSQLException|psycopg\.[\w.]+): (.+)"
 )
+
+
+def _name(task: ImportTask) -> tuple[str, str]:
+    return task.plan.schema, task.plan.table
 
 
 def _one_line(e: BaseException) -> str:

@@ -33,12 +33,13 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from pg2sink.catalog.types import PgType
-from pg2sink.changelog.jsonenc import LINE_OPTIONS, default, dumps
+from pg2sink.changelog.jsonenc import default, dumps
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.changelog.rows import RowDecoder
 from pg2sink.changelog.typemap import codec_for
@@ -179,27 +180,40 @@ class BatchDecoder:
     def rows(self, batch: pa.RecordBatch) -> Iterator[dict[str, object]]:
         columns: list[list[object]] = []
         for column, convert in zip(batch.columns, self._converters, strict=True):
-            values = column.to_pylist()
-            if convert is not None:
-                try:
-                    if column.null_count == 0:
-                        values = list(map(convert, values))
-                    else:
-                        values = [None if v is None else convert(v) for v in values]
-                except Exception:
-                    self._fail(batch)
-                    raise
+            if convert is None:
+                columns.append(column.to_pylist())
+                continue
+            # Spark hands over strings; their bytes, without a copy, are what the
+            # stream's decoders take
+            values = column.view(_bytes_type(column.type)).to_pylist()
+            try:
+                if column.null_count == 0:
+                    values = list(map(convert, values))
+                else:
+                    values = [None if v is None else convert(v) for v in values]
+            except Exception:
+                self._fail(batch)
+                raise
             columns.append(values)
         return map(dict, map(functools.partial(zip, self.names), zip(*columns, strict=True)))
 
     def _fail(self, batch: pa.RecordBatch) -> None:
         """Decode the batch row by row with RowDecoder: raises the precise DecodeError."""
         columns = [
-            [v.encode() if text and v is not None else v for v in column.to_pylist()]
-            for column, text in zip(batch.columns, self._text, strict=True)
+            [None if v is None else v.encode() for v in c.to_pylist()] for c in batch.columns
         ]
         for values in zip(*columns, strict=True):
             self._reference.decode(values)
+
+
+def _bytes_type(string_type: pa.DataType) -> pa.DataType:
+    import pyarrow as pa
+
+    if pa.types.is_large_string(string_type):
+        return pa.large_binary()
+    if pa.types.is_string(string_type):
+        return pa.binary()
+    return string_type  # already binary
 
 
 class FileWriter:
@@ -209,20 +223,28 @@ class FileWriter:
         self.path = job.sink.file_path
         self._decoder = BatchDecoder(job)
         s = job.schema
-        # the line FileSink.write builds (same keys, same order); the commit time
-        # formatted once, as a raw fragment
-        self._envelope: dict[str, object] = {
-            "kind": "modification",
-            "timestamp": orjson.Fragment(dumps(s.timestamp)),
-            "sequence": 0,
-            "lsn": s.lsn,
-            "xid": 0,
-            "operation": Operation.IMPORT,
-            "namespace": s.namespace,
-            "name": s.name,
-            "before": None,
-            "after": None,
-        }
+        # The line FileSink.write builds (same keys, same order): everything but the
+        # sequence number and the row is the same for every row, encoded once here.
+        envelope = dumps(
+            {
+                "kind": "modification",
+                "timestamp": s.timestamp,
+                "sequence": 0,
+                "lsn": s.lsn,
+                "xid": 0,
+                "operation": Operation.IMPORT,
+                "namespace": s.namespace,
+                "name": s.name,
+                "before": None,
+                "after": None,
+            }
+        )
+        head, _, rest = envelope.partition(b'"sequence":0')
+        self._head = head + b'"sequence":'
+        self._middle = rest[: -len(b"null}")]
+        names = self._decoder.names
+        #: how each row object starts: '{"<first column>":'
+        self._row_start = b"{" + dumps(names[0]) + b":" if names else b"{"
         self.rows = 0
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> int:
@@ -241,24 +263,48 @@ class FileWriter:
         return self.rows
 
     def _write(self, fd: int, batches: Iterator[pa.RecordBatch]) -> None:
-        rows, envelope = self._decoder.rows, self._envelope
-        line = orjson.dumps
+        """A batch's rows are encoded by one orjson call, then cut into lines.
+
+        orjson writes the list of row objects as `[{"id":1,...},{"id":2,...}]`; cutting
+        at each `},{"id":` (the first column's key) gives every row's text. That
+        sequence occurs only between two rows: inside a JSON string a quote is always
+        escaped, and no value is a JSON object (json/jsonb values are strings, arrays
+        hold scalars or arrays). Each line is then the constant envelope around the
+        sequence number and the row, joined in one call. The piece count is checked.
+        """
+        rows, head, middle, start = self._decoder.rows, self._head, self._middle, self._row_start
+        between = b"}," + start
+        before_row = middle + start
+        end = b"}}\n" + head
         seq = self.rows
-        lines: list[bytes] = []
+        pending: list[bytes] = []
         size = 0
         for batch in batches:
-            for row in rows(batch):
-                envelope["sequence"] = seq
-                envelope["after"] = row
-                lines.append(line(envelope, default=default, option=LINE_OPTIONS))
-                seq += 1
-            size += batch.nbytes
+            n = batch.num_rows
+            if not n:
+                continue
+            data = orjson.dumps(list(rows(batch)), default=default, option=orjson.OPT_UTC_Z)
+            # (a table without columns: every row is {})
+            pieces = data[1 + len(start) : -2].split(between) if self._decoder.names else [b""] * n
+            if len(pieces) != n:
+                raise SinkError(f"import rows of {self.path!r}: {n} rows made {len(pieces)}")
+            numbers = [b"%d" % i for i in range(seq, seq + n)]
+            lines = b"".join(
+                chain.from_iterable(
+                    zip(numbers, repeat(before_row), pieces, repeat(end), strict=False)
+                )
+            )
+            # each line's head ends the line before it: the first gets one, the last
+            # gives its own back
+            pending.append(head + lines[: -len(head)])
+            size += len(lines)
+            seq += n
             if size >= WRITE_BYTES:
-                _write_all(fd, b"".join(lines))
-                lines.clear()
+                _write_all(fd, b"".join(pending))
+                pending.clear()
                 size = 0
-        if lines:
-            _write_all(fd, b"".join(lines))
+        if pending:
+            _write_all(fd, b"".join(pending))
         self.rows = seq
 
 
