@@ -129,20 +129,24 @@ def request_imports(src: SourceConfig, tables: list[str]) -> list[str]:
 
 def render_jobs(found: list[jobs.Job]) -> list[str]:
     """One line per job: id, table, state, rows, partitions, error and next attempt."""
+    return _job_lines([j.as_json() for j in found])
+
+
+def _job_lines(found: list[dict[str, Any]]) -> list[str]:
     if not found:
         return ["imports: none"]
     lines = [f"imports: {len(found)} jobs"]
     for j in found:
         line = (
-            f"  #{j.id} {j.qualified}: {j.state}, {j.rows_processed} rows"
-            + (f" of ~{j.rows_estimated}" if j.rows_estimated is not None else "")
-            + (f", {j.partitions_done}/{j.partitions} partitions" if j.partitions else "")
-            + f", attempts {j.attempts}"
+            f"  #{j['id']} {j['schema']}.{j['table']}: {j['state']}, {j['rows_processed']} rows"
+            + (f" of ~{j['rows_estimated']}" if j["rows_estimated"] is not None else "")
+            + (f", {j['partitions_done']}/{j['partitions']} partitions" if j["partitions"] else "")
+            + f", attempts {j['attempts']}"
         )
-        if j.state == "failed":
+        if j["state"] == "failed":
             line += (
-                f", {j.error_count} errors, next attempt {j.next_attempt_at:%Y-%m-%d %H:%M:%S%z}"
-                f"; last error: {j.error}"
+                f", {j['error_count']} errors, next attempt {j['next_attempt_at']}"
+                f"; last error: {j['error']}"
             )
         lines.append(line)
     return lines
@@ -176,18 +180,7 @@ def render(status: Status) -> str:
         lines += [f"  {t}" for t in status.tables]
     else:
         lines.append(f"publication {status.publication}: does not exist")
-    if not status.imports:
-        lines.append("imports: none")
-    else:
-        lines.append(f"imports: {len(status.imports)} jobs")
-        for j in status.imports:
-            line = (
-                f"  #{j['id']} {j['schema']}.{j['table']}: {j['state']}, "
-                f"{j['rows_processed']} rows, attempts {j['attempts']}"
-            )
-            if j["state"] == "failed":
-                line += f", next attempt {j['next_attempt_at']}; last error: {j['error']}"
-            lines.append(line)
+    lines += _job_lines(status.imports)
     return "\n".join(lines)
 
 
