@@ -11,7 +11,7 @@ For a job (`ImportTask`) the driver:
    stream's walsender (DateStyle, TimeZone... config.REPLICATION_SESSION_SETTINGS) so
    every value's text is what pgoutput would send;
 3. unions the scans (Spark partition i = the i-th partition left to do) and hands them,
-   as binary Arrow batches, to `writers.write_partition` through mapInArrow: executors
+   as Arrow batches of strings, to `writers.write_partition` through mapInArrow: executors
    decode, write, flush and mark their partition done; only a (partition, rows) pair per
    partition comes back to the driver.
 

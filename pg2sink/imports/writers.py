@@ -1,7 +1,7 @@
 """What a Spark executor does with its partition of an import: decode, write, mark done.
 
 `write_partition` runs in the Python worker of each Spark task (through mapInArrow):
-it receives the partition's rows as Arrow record batches of binary columns (each
+it receives the partition's rows as Arrow record batches of string columns (each
 value is PostgreSQL's text output of the column, or null), decodes them with the
 stream's codecs (changelog.typemap.codec_for: the same Python or JSON values the
 stream writes), writes IMPORT Modifications to the sink itself, makes them durable,
