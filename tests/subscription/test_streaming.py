@@ -25,7 +25,7 @@ from pg2sink.logical.messages import StreamAbort
 from pg2sink.sinks.file import FileSink
 from pg2sink.subscription.handlers import ChangelogHandler
 from pg2sink.subscription.streaming import StreamingHandler, check_streaming_server
-from tests.conftest import Database, Pg2Sink, read_jsonl, wait_for
+from tests.conftest import Database, Pg2Sink, read_jsonl, run_cli, wait_for
 from tests.logical import golden as g
 
 Proc = Callable[..., Pg2Sink]
@@ -419,6 +419,21 @@ def test_out_of_order_stream_messages_are_one_clear_error(conn: Conn, tmp_path: 
     handler.discard_spills()
     assert spill_files(tmp_path / "spill") == []
     sink.close()
+
+
+def test_unusable_spill_dir_stops_with_one_line(db: Database, tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    res = run_cli(
+        *("--source", db.dsn, "--slot", db.slot, "--publication", db.publication),
+        *("--file-path", str(tmp_path / "out.jsonl"), "--streaming"),
+        *("--spill-dir", str(not_a_dir / "spill")),
+    )
+    assert res.returncode == 2
+    last = res.stderr.strip().splitlines()[-1]
+    assert (
+        last == f"pg2sink: error: cannot use --spill-dir '{not_a_dir / 'spill'}': Not a directory"
+    )
 
 
 def test_older_server_is_refused_in_one_line() -> None:
