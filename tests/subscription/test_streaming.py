@@ -25,7 +25,7 @@ from pg2sink.logical.messages import StreamAbort
 from pg2sink.sinks.file import FileSink
 from pg2sink.subscription.handlers import ChangelogHandler
 from pg2sink.subscription.streaming import StreamingHandler, check_streaming_server
-from tests.conftest import Database, Pg2Sink, read_jsonl, run_cli, wait_for
+from tests.conftest import Database, KafkaStack, Pg2Sink, read_jsonl, run_cli, wait_for
 from tests.logical import golden as g
 
 Proc = Callable[..., Pg2Sink]
@@ -283,6 +283,53 @@ def test_kill_during_streamed_transaction_then_restart_matches_unstreamed_run(
     schema = [r["schema"] for r in read_jsonl(out) if r["kind"] == "schema"]
     plain_schema = [r["schema"] for r in read_jsonl(plain_out) if r["kind"] == "schema"]
     assert plain_schema and all(s == plain_schema[0] for s in schema)
+
+
+@pytest.mark.slow
+def test_streamed_transactions_through_the_kafka_sink(
+    db: Database,
+    conn: Conn,
+    pg2sink_proc: Proc,
+    kafka_stack: KafkaStack,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> None:
+    from tests.sinks.test_kafka import Reader, kafka_args
+
+    spill = tmp_path / "spill"
+    p = pg2sink_proc(
+        *kafka_args(kafka_stack, topic_prefix), "--streaming", "--spill-dir", str(spill)
+    )
+    p.start().wait_streaming()
+    rolled_back = db.connect()
+    rolled_back.execute("BEGIN")
+    insert(rolled_back, 100_001, 105_000)
+    with conn.transaction():
+        insert(conn, 1, 4000)
+        conn.execute("SAVEPOINT s")
+        insert(conn, 4001, 6000)
+        conn.execute("ROLLBACK TO SAVEPOINT s")
+        insert(conn, 6001, 8000)
+    rolled_back.execute("ROLLBACK")
+    conn.execute("INSERT INTO big VALUES (-1, 'after')")
+    wait_confirmed(db, p, db.current_lsn())
+    assert p.stop() == 0
+    reader = Reader(
+        kafka_stack.bootstrap_servers, [f"{topic_prefix}.public.big"], kafka_stack.registry_url
+    )
+    try:
+        reader.read(6001, timeout=60)
+        values = [m.value for m in reader.read_for(1.0)]  # and nothing more arrives
+    finally:
+        reader.close()
+    assert len(values) == 6001
+    # one partition per table by default: the topic keeps the order of the changes
+    ids_read = [v["after"]["id"] for v in values]
+    assert ids_read == [*range(1, 4001), *range(6001, 8001), -1]
+    assert [v["sequence"] for v in values[:6000]] == list(range(6000))
+    assert len({v["xid"] for v in values[:6000]}) == 1
+    assert streamed_transactions(db) >= 2
+    assert spill_files(spill) == []
 
 
 def test_decode_only_prints_stream_messages(
