@@ -326,6 +326,15 @@ def _add_change_options(p: argparse.ArgumentParser) -> None:
         help="with --messages, only messages with this prefix; repeatable",
         metavar="PREFIX",
     )
+    _add(
+        g,
+        "--capture-ddl",
+        action="store_const",
+        const=True,
+        help="install an event trigger (superuser) that emits each DDL statement as a "
+        "'pg2sink.ddl' message, forwarded as a Message record in commit order; without it "
+        "pg2sink removes that trigger",
+    )
 
 
 def _add_streaming_options(p: argparse.ArgumentParser) -> None:
@@ -544,6 +553,12 @@ def _stream_config(args: argparse.Namespace) -> StreamConfig:
     messages = bool(args.messages) or _bool_env("PG2SINK_MESSAGES")
     if args.message_prefix and not messages:
         raise ConfigError("--message-prefix filters --messages: add --messages")
+    capture_ddl = bool(args.capture_ddl) or _bool_env("PG2SINK_CAPTURE_DDL")
+    prefixes = tuple(args.message_prefix or ())
+    if capture_ddl and (prefixes or not messages):
+        # the DDL messages are forwarded even without --messages (and only they, then)
+        prefixes = (*prefixes, "pg2sink.ddl")
+        messages = True
     return StreamConfig(
         source=_source_config(args),
         sink=args.sink,
@@ -559,7 +574,8 @@ def _stream_config(args: argparse.Namespace) -> StreamConfig:
         spark_master=args.spark_master,
         jdbc_driver=args.jdbc_driver or None,
         messages=messages,
-        message_prefixes=tuple(args.message_prefix or ()),
+        message_prefixes=prefixes,
+        capture_ddl=capture_ddl,
         streaming=bool(args.streaming) or _bool_env("PG2SINK_STREAMING"),
         spill_dir=args.spill_dir or None,
         imports=not (bool(args.no_imports) or _bool_env("PG2SINK_NO_IMPORTS")),

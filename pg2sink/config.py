@@ -269,6 +269,8 @@ class StreamConfig:
     to `spill_dir` until they commit (--streaming; docs/large-transactions.md)."""
     spill_dir: str | None = None
     """Where streamed transactions are spilled; None: <temp dir>/pg2sink-spill-<slot>."""
+    capture_ddl: bool = False
+    """An event trigger emits each DDL statement as a 'pg2sink.ddl' message (--capture-ddl)."""
     imports: bool = True
     """Import each table's existing rows when it joins the publication (docs/imports.md);
     False with --no-imports."""

@@ -27,7 +27,7 @@ from pg2sink.errors import ConfigError, Pg2SinkError, SinkError
 from pg2sink.imports import jobs
 from pg2sink.imports.engine import ImportEngine
 from pg2sink.imports.gate import ImportGate
-from pg2sink.imports.migrate import apply_migrations
+from pg2sink.imports.migrate import apply_migrations, set_capture_ddl
 from pg2sink.observability.http import Server, start_http_server
 from pg2sink.observability.position import server_position
 from pg2sink.observability.stats import LogCounter, StreamStats
@@ -177,6 +177,7 @@ class StreamService:
             check_server(conn)
             if not self.cfg.decode_only and not self.started:
                 apply_migrations(src.dsn, src.internal_schema)
+                set_capture_ddl(src.dsn, src.internal_schema, self.cfg.capture_ddl)
             if self.cfg.streaming:
                 check_streaming_server(conn.info.server_version)
             manager = PublicationManager(

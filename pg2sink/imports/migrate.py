@@ -108,3 +108,34 @@ def apply_migrations(dsn: SecretDsn, internal_schema: str) -> list[str]:
     for mid in applied:
         log.info("applied migration %s to schema %s", mid, internal_schema)
     return applied
+
+
+#: Prefix of the logical decoding messages --capture-ddl emits.
+DDL_PREFIX = "pg2sink.ddl"
+
+
+def set_capture_ddl(dsn: SecretDsn, internal_schema: str, enabled: bool) -> None:
+    """Create (enabled) or drop the event trigger that emits each DDL statement as a
+    `pg2sink.ddl` message (migration 0002 has its function)."""
+    name = sql.Identifier(f"{internal_schema}_capture_ddl")
+    conn = connect(dsn, application_name="pg2sink")
+    try:
+        row = conn.execute(
+            "SELECT 1 FROM pg_event_trigger WHERE evtname = %s", (f"{internal_schema}_capture_ddl",)
+        ).fetchone()
+        if enabled and row is None:
+            conn.execute(
+                sql.SQL("CREATE EVENT TRIGGER {} ON ddl_command_end EXECUTE FUNCTION {}()").format(
+                    name, sql.Identifier(internal_schema, "capture_ddl")
+                )
+            )
+            log.info("DDL capture on: each DDL statement is a %s message", DDL_PREFIX)
+        elif not enabled and row is not None:
+            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(name))
+            log.info("DDL capture off")
+    except psycopg.errors.InsufficientPrivilege as e:
+        raise ServerConfigError(
+            f"--capture-ddl: {e.diag.message_primary}; event triggers need a superuser"
+        ) from None
+    finally:
+        conn.close()
