@@ -67,6 +67,7 @@ FETCH_SIZE = 20_000
 #: How often the driver polls finished partitions for `progress`, in seconds.
 PROGRESS_POLL = 1.0
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+BOOL_OID = 16
 
 
 def services_cache() -> Path:
@@ -282,7 +283,10 @@ class SparkRunner:
         for i, column in enumerate(plan.columns):
             ident = sql.Identifier(column.name)
             expr: sql.Composable
-            if column.name in function_cast:
+            if column.type_oid == BOOL_OID:
+                # what boolout prints, without format()'s per-call parsing
+                expr = sql.SQL("CASE WHEN {c} THEN 't' WHEN NOT {c} THEN 'f' END").format(c=ident)
+            elif column.name in function_cast:
                 # format() prints with the output function; NULL stays NULL
                 expr = sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END").format(
                     c=ident
