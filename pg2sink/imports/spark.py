@@ -30,6 +30,7 @@ netmask): those go through format('%s', col), which calls the output function.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob
 import logging
@@ -56,7 +57,12 @@ from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.config import REPLICATION_SESSION_SETTINGS
 from pg2sink.errors import ConfigError, ImportFailed, Pg2SinkError
 from pg2sink.imports.plan import ImportPlan
-from pg2sink.imports.writers import ImportSinkConfig, PartitionJob, RecordingRegistry
+from pg2sink.imports.writers import (
+    DELIVERY_WAIT,
+    ImportSinkConfig,
+    PartitionJob,
+    RecordingRegistry,
+)
 
 __all__ = ["ImportSinkConfig", "ImportTask", "SparkRunner", "default_jdbc_driver"]
 
@@ -198,7 +204,7 @@ class SparkRunner:
         secret = _password(task.source_dsn)
         try:
             return self._run(task, progress)
-        except ImportFailed:
+        except (ImportFailed, ConfigError):
             raise
         except Pg2SinkError as e:
             raise ImportFailed(_redact(str(e), secret)) from None
@@ -217,7 +223,7 @@ class SparkRunner:
             url, props = _jdbc(conn, task.snapshot)
             queries = [self._query(conn, task, number) for number in task.partitions]
         spark = self.session()
-        _write_schema(job)
+        job = dataclasses.replace(job, schema_ids=_write_schema(job))
         reader = spark.read.format("jdbc").option("url", url).options(**props)
         frames = [reader.option("dbtable", f"({q}) AS t").load() for q in queries]
         frame = functools.reduce(lambda a, b: a.union(b), frames)
@@ -369,8 +375,9 @@ def _jdbc(conn: psycopg.Connection[TupleRow], snapshot: str) -> tuple[str, dict[
     return url, props
 
 
-def _write_schema(job: PartitionJob) -> None:
-    """The Schema record, durable before any row; Kafka: register the subjects."""
+def _write_schema(job: PartitionJob) -> tuple[tuple[str, int], ...]:
+    """The Schema record, durable before any row; Kafka Avro: register the subjects and
+    return their (subject, id) pairs for the executors."""
     sink = job.sink
     if sink.kind == "file":
         from pg2sink.imports.writers import _write_all
@@ -382,7 +389,7 @@ def _write_schema(job: PartitionJob) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        return
+        return ()
     assert sink.kafka is not None
     from pg2sink.registry import RegistryClient
     from pg2sink.sinks.kafka.formats import AvroFormat, Format, JsonFormat
@@ -404,12 +411,16 @@ def _write_schema(job: PartitionJob) -> None:
     try:
         producer.write(job.schema)  # checks the topic, registers, --schema-topic
         producer.checkpoint(1)
+        deadline = time.monotonic() + DELIVERY_WAIT
         while producer.flush() != 1:
-            pass
+            if time.monotonic() > deadline:
+                raise ImportFailed(
+                    f"Kafka did not acknowledge the Schema record of {job.schema.namespace}."
+                    f"{job.schema.name} within {DELIVERY_WAIT:.0f}s"
+                )
     finally:
         producer.close()
-    if recording is not None:
-        object.__setattr__(job, "schema_ids", tuple(recording.ids.items()))
+    return tuple(recording.ids.items()) if recording is not None else ()
 
 
 class _ProgressPoller:
