@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import services  # noqa: E402
+import services
 
 #: pgjdbc release; 42.7 supports PostgreSQL 8.4 and newer and Java 8 and newer.
 JDBC_VERSION = "42.7.10"
