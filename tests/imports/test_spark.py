@@ -21,7 +21,7 @@ from psycopg import sql
 
 from pg2sink.changelog.jsonenc import loads
 from pg2sink.config import SecretDsn
-from pg2sink.errors import ImportFailed
+from pg2sink.errors import ConfigError, ImportFailed
 from pg2sink.imports import jobs
 from pg2sink.imports.migrate import apply_migrations
 from pg2sink.imports.plan import ImportPlan, plan_import
@@ -265,3 +265,15 @@ def test_stdout_sink_is_refused(runner: SparkRunner) -> None:
     task = ImportTask(1, plan, (0,), "x", "", INTERNAL, ImportSinkConfig("file", "-"))
     with pytest.raises(ImportFailed, match="--file-path FILE or --sink kafka"):
         runner.run(task)
+
+
+def test_missing_jdbc_driver_is_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigError, match=r"--jdbc-driver '/nonexistent/pg.jar': no such file"):
+        SparkRunner(jdbc_driver="/nonexistent/pg.jar").session()
+    # no --jdbc-driver and nothing where `make setup` puts it
+    monkeypatch.setenv("PG2SINK_SERVICES_CACHE", str(tmp_path))
+    with pytest.raises(ConfigError, match="run `make setup`") as missing:
+        SparkRunner().session()
+    assert "\n" not in str(missing.value)
