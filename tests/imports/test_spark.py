@@ -277,3 +277,74 @@ def test_missing_jdbc_driver_is_one_clear_line(
     with pytest.raises(ConfigError, match="run `make setup`") as missing:
         SparkRunner().session()
     assert "\n" not in str(missing.value)
+
+
+def test_stream_and_executor_lines_interleave_whole(tmp_path: Path) -> None:
+    """The stream's FileSink and an executor's FileWriter append to one file at once:
+    every line stays whole (both use O_APPEND and whole-line writes)."""
+    import threading
+
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    from pg2sink.catalog.types import PgType
+    from pg2sink.changelog.records import Modification, Operation, Schema
+    from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
+    from pg2sink.imports.writers import FileWriter, PartitionJob
+    from pg2sink.sinks.file import FileSink
+
+    path = tmp_path / "shared.jsonl"
+    types = (
+        PgType(oid=20, name="int8", namespace="pg_catalog", kind="b", category="N"),
+        PgType(oid=25, name="text", namespace="pg_catalog", kind="b", category="S"),
+    )
+    columns = [
+        RowColumn(n, codec_for(t, -1), n == "id") for n, t in zip(("id", "v"), types, strict=True)
+    ]
+    now = datetime.now().astimezone()
+    schema = Schema(
+        now, 0, "public", "t", avro_row_schema("public", "t", columns), primary_key=("id",)
+    )
+    job = PartitionJob(
+        1, INTERNAL, "", schema, types, (-1, -1), ImportSinkConfig("file", str(path)), (0,)
+    )
+    n = 100_000
+    batches = [
+        pa.RecordBatch.from_arrays(
+            [
+                pa.array([str(i) for i in range(k, k + 10_000)]),
+                pa.array(["x" * (i % 300) for i in range(k, k + 10_000)]),
+            ],
+            names=["c0", "c1"],
+        )
+        for k in range(0, n, 10_000)
+    ]
+    sink = FileSink(str(path))
+    sink.open()
+
+    def stream() -> None:
+        for i in range(n):
+            sink.write(
+                Modification(
+                    now,
+                    i,
+                    1,
+                    7,
+                    Operation.INSERT,
+                    "public",
+                    "s",
+                    None,
+                    {"k": i, "w": "y" * (i % 500)},
+                )
+            )
+            if i % 5_000 == 0:
+                sink.flush()
+        sink.flush()
+
+    writer = threading.Thread(target=stream)
+    writer.start()
+    assert FileWriter(job).write(iter(batches)) == n
+    writer.join()
+    sink.close()
+    _, mods = read_import(path)
+    assert sorted(m["after"]["id"] for m in mods if m["name"] == "t") == list(range(n))
+    assert sorted(m["after"]["k"] for m in mods if m["name"] == "s") == list(range(n))
