@@ -380,12 +380,12 @@ def _write_schema(job: PartitionJob) -> tuple[tuple[str, int], ...]:
     return their (subject, id) pairs for the executors."""
     sink = job.sink
     if sink.kind == "file":
-        from pg2sink.imports.writers import _write_all
+        from pg2sink.imports.writers import append_lines
         from pg2sink.sinks.file import schema_line
 
         fd = os.open(sink.file_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            _write_all(fd, schema_line(job.schema))
+            append_lines(fd, schema_line(job.schema))
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -49,7 +49,17 @@ from pg2sink.errors import SinkError
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-__all__ = ["FileWriter", "KafkaWriter", "KnownSchemaIds", "PartitionJob", "write_partition"]
+__all__ = [
+    "BatchDecoder",
+    "FileWriter",
+    "ImportSinkConfig",
+    "KafkaWriter",
+    "KnownSchemaIds",
+    "PartitionJob",
+    "RecordingRegistry",
+    "append_lines",
+    "write_partition",
+]
 
 #: Bytes of whole lines gathered before one os.write (the FileSink's buffer size).
 WRITE_BYTES = 1 << 20
@@ -300,15 +310,15 @@ class FileWriter:
             size += len(lines)
             seq += n
             if size >= WRITE_BYTES:
-                _write_all(fd, b"".join(pending))
+                append_lines(fd, b"".join(pending))
                 pending.clear()
                 size = 0
         if pending:
-            _write_all(fd, b"".join(pending))
+            append_lines(fd, b"".join(pending))
         self.rows = seq
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def append_lines(fd: int, data: bytes) -> None:
     """One write(2) of whole lines; a regular file takes it whole (O_APPEND: atomically)."""
     view = memoryview(data)
     while view:
