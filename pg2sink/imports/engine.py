@@ -19,6 +19,7 @@ otherwise, and StreamStats.imports (the pg2sink_import_* metrics) either way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -27,6 +28,7 @@ import time
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pg2sink.catalog.server import connect
@@ -52,10 +54,18 @@ FROM pg_class c WHERE c.oid = to_regclass(%s)
 def table_keyless(conn: psycopg.Connection[TupleRow], schema: str, table: str) -> bool | None:
     """Whether the table has neither a primary key nor a replica-identity index; None if
     it does not exist."""
-    from psycopg import sql
-
     row = conn.execute(_KEY, (sql.Identifier(schema, table).as_string(conn),)).fetchone()
     return None if row is None else not row[0]
+
+
+def _has_rows(conn: psycopg.Connection[TupleRow], schema: str, table: str) -> bool:
+    """Whether the table's heap has any page (cheap; a partitioned root has none)."""
+    row = conn.execute(
+        "SELECT pg_relation_size(%s::regclass) > 0 OR EXISTS (SELECT 1 FROM pg_inherits "
+        "WHERE inhparent = %s::regclass)",
+        (sql.Identifier(schema, table).as_string(conn),) * 2,
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def _one_line(error: BaseException) -> str:
@@ -239,6 +249,9 @@ class ImportEngine:
             )
             if not wait_for_transactions(conn, stop=lambda: self.stopping):
                 return
+            if _has_rows(conn, schema, table):
+                # start Spark (seconds of JVM) before the gate may pause the stream
+                self._spark_runner().session()
             self.gate.hold(schema, table, keyless=keyless)
             # a transaction whose changes the stream received before the gate took hold
             # may still be in the server's list of running ones for a moment: a snapshot
@@ -308,8 +321,6 @@ class ImportEngine:
     def _plan(self, job: jobs.Job, exporter: ExportedSnapshot) -> tuple[Any, list[int]]:
         """The job's plan at the snapshot, with the partitions stored at its first
         planning, and the numbers of those not done yet."""
-        import dataclasses
-
         from pg2sink.imports.plan import plan_import
 
         internal = self.src.internal_schema
@@ -333,17 +344,8 @@ class ImportEngine:
     def _run_spark(
         self, job: jobs.Job, plan: Any, todo: list[int], snapshot: str, advance: Any
     ) -> int:
-        from pg2sink.imports.spark import ImportSinkConfig, ImportTask, SparkRunner
+        from pg2sink.imports.spark import ImportSinkConfig, ImportTask
 
-        if self._runner is None:
-            # pyspark 4 starts local Python workers with PYSPARK_PYTHON, not with the
-            # spark.pyspark.python setting: without it they run the system python3,
-            # which has no pg2sink
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-            self._runner = SparkRunner(
-                getattr(self.cfg, "spark_master", "local[*]"),
-                jdbc_driver=getattr(self.cfg, "jdbc_driver", None),
-            )
         task = ImportTask(
             job_id=job.id,
             plan=plan,
@@ -353,4 +355,18 @@ class ImportEngine:
             internal_schema=self.src.internal_schema,
             sink=ImportSinkConfig.from_stream_config(self.cfg),
         )
-        return int(self._runner.run(task, advance))
+        return int(self._spark_runner().run(task, advance))
+
+    def _spark_runner(self) -> Any:
+        if self._runner is None:
+            from pg2sink.imports.spark import SparkRunner
+
+            # pyspark 4 starts local Python workers with PYSPARK_PYTHON, not with the
+            # spark.pyspark.python setting: without it they run the system python3,
+            # which has no pg2sink
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            self._runner = SparkRunner(
+                getattr(self.cfg, "spark_master", "local[*]"),
+                jdbc_driver=getattr(self.cfg, "jdbc_driver", None),
+            )
+        return self._runner
