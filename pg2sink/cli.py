@@ -373,7 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Create the publication and slot if missing, keep the publication's "
         "tables in line with --schema/-t/-T, and stream every committed change to the sink. "
         "An LSN is confirmed to PostgreSQL only after the sink durably holds everything "
-        "before it; a restart resumes from the slot's confirmed position.",
+        "before it; a restart resumes from the slot's confirmed position. The rows a table "
+        "holds when it joins are imported (Spark) as IMPORT records, consistently with the "
+        "stream (docs/imports.md; --no-imports to stream only).",
     )
     _add_source_options(stream)
     g = stream.add_argument_group("sink")
