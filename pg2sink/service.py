@@ -198,11 +198,6 @@ class StreamService:
 
             stats.publication_tables = len(self._reconcile(manager).members)
             ensure_slot(conn, src.slot)
-            if self.imports and self.engine is None:
-                # only once the slot exists: a transaction committed after an import's
-                # snapshot must be in the slot's stream, or it would be in neither
-                self.engine = ImportEngine(self.cfg, self.stats, self.gate or ImportGate())
-                self.engine.start()
             repl = ReplicationStream(connect(src.dsn, replication=True))
             stack.callback(repl.close)
             repl.start(
@@ -213,6 +208,13 @@ class StreamService:
                 extra_options=[("messages", "true")] if self.cfg.messages else [],
             )
             stats.replication_up()
+            if self.imports and self.engine is None:
+                # Only once this process streams from the slot: a transaction committed
+                # after an import's snapshot must be in the slot's stream, and the gate
+                # that orders it after the import rows is this process's (a standby
+                # waiting for the slot runs no imports).
+                self.engine = ImportEngine(self.cfg, self.stats, self.gate or ImportGate())
+                self.engine.start()
             stats.sink_up()
             stats.set_server_position(server_position(conn, src.slot))
             if not self.started:
