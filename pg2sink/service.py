@@ -307,6 +307,8 @@ def run_drop(src: SourceConfig) -> list[str]:
             done.append(f"dropped publication {src.publication}")
         else:
             done.append(f"publication {src.publication} did not exist")
+        if set_capture_ddl(src.dsn, src.internal_schema, False):
+            done.append("dropped the --capture-ddl event trigger")
     finally:
         conn.close()
     return done

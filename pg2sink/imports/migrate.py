@@ -114,9 +114,9 @@ def apply_migrations(dsn: SecretDsn, internal_schema: str) -> list[str]:
 DDL_PREFIX = "pg2sink.ddl"
 
 
-def set_capture_ddl(dsn: SecretDsn, internal_schema: str, enabled: bool) -> None:
+def set_capture_ddl(dsn: SecretDsn, internal_schema: str, enabled: bool) -> bool:
     """Create (enabled) or drop the event trigger that emits each DDL statement as a
-    `pg2sink.ddl` message (migration 0002 has its function)."""
+    `pg2sink.ddl` message (migration 0002 has its function); whether it changed."""
     name = sql.Identifier(f"{internal_schema}_capture_ddl")
     conn = connect(dsn, application_name="pg2sink")
     try:
@@ -130,13 +130,16 @@ def set_capture_ddl(dsn: SecretDsn, internal_schema: str, enabled: bool) -> None
                 )
             )
             log.info("DDL capture on: each DDL statement is a %s message", DDL_PREFIX)
-        elif not enabled and row is not None:
+            return True
+        if not enabled and row is not None:
             conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(name))
             log.info("DDL capture off")
+            return True
+        return False
     except psycopg.errors.InsufficientPrivilege as e:
         if not enabled:  # someone else's --capture-ddl: not ours to stop
             log.warning("DDL capture stays on: %s", e.diag.message_primary)
-            return
+            return False
         raise ServerConfigError(
             f"--capture-ddl: {e.diag.message_primary}; event triggers need a superuser"
         ) from None

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import Database, Pg2Sink, read_jsonl, wait_for
+from tests.conftest import Database, Pg2Sink, read_jsonl, run_cli, wait_for
 
 
 def test_ddl_statements_arrive_in_commit_order(
@@ -45,3 +45,11 @@ def test_ddl_statements_arrive_in_commit_order(
     assert again.stop() == 0
     row = conn.execute("SELECT count(*) FROM pg_event_trigger").fetchone()
     assert row == (0,)
+    # and so does pg2sink drop
+    env = {"PG2SINK_SOURCE": db.dsn, "PG2SINK_SLOT": db.slot, "PG2SINK_PUBLICATION": db.publication}
+    proc = pg2sink_proc("--file-path", str(out), "--capture-ddl").start()
+    proc.wait_streaming()
+    assert proc.stop() == 0
+    dropped = run_cli("drop", env=env)
+    assert "dropped the --capture-ddl event trigger" in dropped.stdout, dropped
+    assert conn.execute("SELECT count(*) FROM pg_event_trigger").fetchone() == (0,)
