@@ -2,7 +2,7 @@
 
 Method
 ------
-1. Start a throwaway PostgreSQL (scripts/services.py, via bench/stream.py's helpers;
+1. Start a throwaway PostgreSQL (scripts/services.py, via bench/common.py;
    logical_decoding_work_mem stays at the default 64MB) in a temporary directory, create
    the table of bench/stream.py (same column mix: int8 key, text, numeric(12,2),
    timestamptz, bool, jsonb; autovacuum off) and the publication `bigtx_pub`, and install
@@ -52,8 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from stream import (
+from common import (
     ROW_EXPRESSIONS,
     TABLE,
     TARGET_RSS_MIB,
@@ -61,17 +60,25 @@ from stream import (
     Child,
     Conn,
     KafkaTarget,
-    _tail,
     count_modifications,
+    create_bench_table,
+    create_publication,
+    current_lsn,
     drop_slot,
     load_services,
     machine_info,
+    pg2sink_argv,
+    pg_binary,
     run_benchmark,
+    sink_args,
     start_kafka,
     start_postgres,
+    tail,
     topic_message_count,
     vm_hwm_kib,
+    wait_confirmed,
 )
+from psycopg import sql
 
 PUBLICATION = "bigtx_pub"
 DEFAULT_ROWS = 5_000_000
@@ -94,17 +101,8 @@ class ModeResult:
 
 
 def setup(conn: Conn) -> None:
-    conn.execute(
-        sql.SQL(
-            "CREATE TABLE {} (id int8 PRIMARY KEY, name text, amount numeric(12,2),"
-            " at timestamptz, flag bool, doc jsonb) WITH (autovacuum_enabled = false)"
-        ).format(sql.Identifier(TABLE))
-    )
-    conn.execute(
-        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-            sql.Identifier(PUBLICATION), sql.Identifier(TABLE)
-        )
-    )
+    create_bench_table(conn)
+    create_publication(conn, PUBLICATION, TABLE)
     conn.execute("CREATE EXTENSION pg_walinspect")
 
 
@@ -134,9 +132,9 @@ def wait_streaming(child: Child, stderr: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while b"pg2sink is streaming" not in stderr.read_bytes():
         if child.poll() is not None:
-            raise BenchError(f"pg2sink exited with {child.returncode}:\n{_tail(stderr)}")
+            raise BenchError(f"pg2sink exited with {child.returncode}:\n{tail(stderr)}")
         if time.monotonic() > deadline:
-            raise BenchError(f"pg2sink did not start streaming in {timeout}s:\n{_tail(stderr)}")
+            raise BenchError(f"pg2sink did not start streaming in {timeout}s:\n{tail(stderr)}")
         time.sleep(0.05)
 
 
@@ -152,40 +150,11 @@ def run_mode(
     slot = f"bigtx_{mode}"
     out = tmp / f"{mode}.jsonl"
     prefix = f"bigtx_{mode}_{uuid.uuid4().hex[:8]}"
-    sink_args = (
-        ["--sink", "file", "--file-path", str(out)]
-        if kafka is None
-        else [
-            "--sink",
-            "kafka",
-            "--kafka-bootstrap-servers",
-            kafka.bootstrap_servers,
-            "--schema-registry-url",
-            kafka.registry_url,
-            "--topic-prefix",
-            prefix,
-        ]
-    )
     spill = tmp / f"{mode}.spill"
     stderr = tmp / f"{mode}.stderr"
     conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-    argv = [
-        sys.executable,
-        "-m",
-        "pg2sink",
-        "--source",
-        dsn,
-        "--slot",
-        slot,
-        "--publication",
-        PUBLICATION,
-        *sink_args,
-        "--no-imports",  # the benchmark measures the stream only
-        "--log-level",
-        "info",
-        "--metrics-address",
-        "127.0.0.1:0",
-    ]
+    # info: wait_streaming waits for the line that says it streams
+    argv = pg2sink_argv(dsn, slot, PUBLICATION, sink_args(kafka, out, prefix), "info")
     if mode == "streaming":
         argv += ["--streaming", "--spill-dir", str(spill)]
     child = Child.spawn(argv, tmp / f"{mode}.stdout", stderr)
@@ -194,9 +163,9 @@ def run_mode(
         print(f"[{mode}] INSERT of {rows:,} rows in one transaction ...", flush=True)
         with psycopg.connect(dsn) as writer:
             writer.execute("SET synchronous_commit = on")
-            start_row = writer.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+            start_lsn = current_lsn(writer)
             xid_row = writer.execute("SELECT txid_current()").fetchone()
-            assert start_row is not None and xid_row is not None
+            assert xid_row is not None
             began = time.monotonic()
             writer.execute(
                 # a literal, not a parameter: ROW_EXPRESSIONS holds % operators
@@ -206,31 +175,18 @@ def run_mode(
             )
             writer.commit()
             committed = time.monotonic()
-        end_lsn = commit_end_lsn(conn, start_row[0], int(xid_row[0]) & 0xFFFFFFFF)
+        end_lsn = commit_end_lsn(conn, start_lsn, int(xid_row[0]) & 0xFFFFFFFF)
         print(
             f"[{mode}] committed after {committed - began:.1f} s (end LSN {end_lsn}); "
             "waiting for pg2sink to confirm it ...",
             flush=True,
         )
-        deadline = committed + timeout
-        while True:
-            row = conn.execute(
-                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots"
-                " WHERE slot_name = %s",
-                (end_lsn, slot),
-            ).fetchone()
-            if row is not None and row[0]:
-                acked = time.monotonic()
-                break
-            if child.poll() is not None:
-                raise BenchError(f"pg2sink exited with {child.returncode}:\n{_tail(stderr)}")
-            if time.monotonic() > deadline:
-                raise BenchError(f"[{mode}] not confirmed within {timeout}s:\n{_tail(stderr)}")
-            time.sleep(POLL_SECONDS)
+        timeout_left = committed + timeout - time.monotonic()
+        acked = wait_confirmed(conn, slot, end_lsn, child, stderr, timeout_left, POLL_SECONDS)
         peak = vm_hwm_kib(child.pid)
         child.stop()
         if child.returncode not in (0, -signal.SIGTERM):
-            raise BenchError(f"pg2sink exited with {child.returncode}:\n{_tail(stderr)}")
+            raise BenchError(f"pg2sink exited with {child.returncode}:\n{tail(stderr)}")
     finally:
         child.stop()
     if kafka is None:
@@ -276,14 +232,12 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     if args.rows < 1:
         raise BenchError("--rows must be at least 1")
     services = load_services()
-    recvlogical = str(services.postgres_bindir() / "pg_recvlogical")
+    recvlogical = pg_binary(services, "pg_recvlogical")
     load_before = os.getloadavg()
     results: list[ModeResult] = []
     commands: dict[str, list[str]] = {}
     with contextlib.ExitStack() as stack:
-        print(f"starting PostgreSQL in {tmp} ...", flush=True)
-        server = start_postgres(services, tmp)
-        stack.callback(server.destroy)
+        server = start_postgres(services, tmp, stack)
         dsn = server.dsn()
         kafka = start_kafka(services, tmp, stack) if args.sink == "kafka" else None
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -49,20 +48,22 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from stream import (
+from common import (
     ROW_EXPRESSIONS,
     BenchError,
     Conn,
     KafkaTarget,
     count_modifications,
+    create_bench_table,
     load_services,
     machine_info,
+    pg_binary,
     run_benchmark,
     start_kafka,
     start_postgres,
     topic_message_count,
 )
+from psycopg import sql
 
 from pg2sink.config import KafkaConfig, SecretDsn
 from pg2sink.imports import jobs
@@ -91,12 +92,7 @@ class Run:
 
 
 def fill(conn: Conn, rows: int) -> None:
-    conn.execute(
-        sql.SQL(
-            "CREATE TABLE {} (id int8 PRIMARY KEY, name text, amount numeric(12,2),"
-            " at timestamptz, flag bool, doc jsonb) WITH (autovacuum_enabled = false)"
-        ).format(sql.Identifier(TABLE))
-    )
+    create_bench_table(conn)
     t0 = time.monotonic()
     conn.execute(
         sql.SQL("INSERT INTO {} SELECT {} FROM generate_series(1, {}::int8) AS g(i)").format(
@@ -169,17 +165,13 @@ def run_import(
 
 def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     services = load_services()
-    psql = str(services.postgres_bindir() / "psql")
-    if not Path(psql).exists():
-        psql = shutil.which("psql") or "psql"
+    psql = pg_binary(services, "psql")
     use_file = args.sink in ("file", "both")
     use_kafka = args.sink in ("kafka", "both")
     copies: list[Run] = []
     imports: dict[str, list[Run]] = {}
     with contextlib.ExitStack() as stack:
-        print(f"starting PostgreSQL in {tmp} ...", flush=True)
-        server = start_postgres(services, tmp)
-        stack.callback(server.destroy)
+        server = start_postgres(services, tmp, stack)
         dsn = server.dsn()
         with psycopg.connect(dsn, autocommit=True) as conn:
             info = machine_info(conn, "pg_recvlogical")

@@ -3,7 +3,7 @@
 Method
 ------
 1. Start a throwaway PostgreSQL, a Kafka broker and Apicurio Registry
-   (scripts/services.py, via bench/stream.py's helpers) in a temporary directory.
+   (scripts/services.py, via bench/common.py) in a temporary directory.
    Create the table
 
        lat (id bigserial primary key, payload text,
@@ -56,20 +56,25 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from stream import (
+from common import (
     BenchError,
     Child,
     Conn,
     KafkaTarget,
-    _tail,
+    create_publication,
+    current_lsn,
+    kafka_sink_args,
     load_services,
     machine_info,
+    pg2sink_argv,
+    pg_binary,
     run_benchmark,
-    slot_state,
     start_kafka,
     start_postgres,
+    tail,
+    wait_confirmed,
 )
+from psycopg import sql
 
 TABLE = "lat"
 PUBLICATION = "lat_pub"
@@ -78,7 +83,8 @@ DEFAULT_RATE = 2000.0
 DEFAULT_SECONDS = 20.0
 TARGET_P99_MS = 100.0
 WARMUP_ROWS = 3
-POLL_SECONDS = 0.05
+#: Seconds pg2sink may take to confirm the warm-up rows, then the whole load.
+CONFIRM_TIMEOUT = 120.0
 
 
 @dataclass
@@ -100,11 +106,7 @@ def setup(conn: Conn) -> None:
             " created_at timestamptz DEFAULT clock_timestamp())"
         ).format(sql.Identifier(TABLE))
     )
-    conn.execute(
-        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-            sql.Identifier(PUBLICATION), sql.Identifier(TABLE)
-        )
-    )
+    create_publication(conn, PUBLICATION, TABLE)
     conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (SLOT,))
 
 
@@ -122,26 +124,6 @@ def create_topic(bootstrap_servers: str, topic: str) -> None:
     for future in admin.create_topics([new], operation_timeout=30).values():
         future.result(timeout=60)
     # Every message's timestamp type is checked when the topic is read.
-
-
-def wait_confirmed(
-    conn: Conn, lsn: str, child: Child, stderr: Path, timeout: float = 120.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if child.poll() is not None:
-            raise BenchError(f"pg2sink exited with {child.returncode}:\n{_tail(stderr)}")
-        if slot_state(conn, SLOT, lsn).reached_end:
-            return
-        if time.monotonic() > deadline:
-            raise BenchError(f"pg2sink did not confirm {lsn} within {timeout}s:\n{_tail(stderr)}")
-        time.sleep(POLL_SECONDS)
-
-
-def insert_lsn(conn: Conn) -> str:
-    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    assert row is not None
-    return str(row[0])
 
 
 def drive(conn: Conn, rate: float, seconds: float) -> Load:
@@ -163,7 +145,7 @@ def drive(conn: Conn, rate: float, seconds: float) -> Load:
             max_lag = max(max_lag, -ahead)
         conn.execute(stmt, (payload,), prepare=True)
     elapsed = clock() - start
-    return Load(count=count, seconds=elapsed, max_lag_ms=max_lag * 1000, end_lsn=insert_lsn(conn))
+    return Load(count=count, seconds=elapsed, max_lag_ms=max_lag * 1000, end_lsn=current_lsn(conn))
 
 
 def read_topic(
@@ -227,12 +209,10 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     if args.rate <= 0 or args.seconds <= 0:
         raise BenchError("--rate and --seconds must be positive")
     services = load_services()
-    recvlogical = str(services.postgres_bindir() / "pg_recvlogical")
+    recvlogical = pg_binary(services, "pg_recvlogical")
     load_before = os.getloadavg()
     with contextlib.ExitStack() as stack:
-        print(f"starting PostgreSQL in {tmp} ...", flush=True)
-        server = start_postgres(services, tmp)
-        stack.callback(server.destroy)
+        server = start_postgres(services, tmp, stack)
         kafka = start_kafka(services, tmp, stack)
         dsn = server.dsn()
         prefix = f"lat_{uuid.uuid4().hex[:8]}"
@@ -241,30 +221,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             info = machine_info(conn, recvlogical)
             setup(conn)
             create_topic(kafka.bootstrap_servers, topic)
-            argv = [
-                sys.executable,
-                "-m",
-                "pg2sink",
-                "--source",
-                dsn,
-                "--slot",
-                SLOT,
-                "--publication",
-                PUBLICATION,
-                "--sink",
-                "kafka",
-                "--kafka-bootstrap-servers",
-                kafka.bootstrap_servers,
-                "--schema-registry-url",
-                kafka.registry_url,
-                "--topic-prefix",
-                prefix,
-                "--no-imports",  # the benchmark measures the stream only
-                "--log-level",
-                "warning",
-                "--metrics-address",
-                "127.0.0.1:0",
-            ]
+            argv = pg2sink_argv(dsn, SLOT, PUBLICATION, kafka_sink_args(kafka, prefix))
             stderr = tmp / "pg2sink.stderr"
             child = Child.spawn(argv, tmp / "pg2sink.stdout", stderr)
             stack.callback(child.stop)
@@ -278,16 +235,16 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         ),
                         (-n,),
                     )
-                    wait_confirmed(conn, insert_lsn(driver), child, stderr)
+                    wait_confirmed(conn, SLOT, current_lsn(driver), child, stderr, CONFIRM_TIMEOUT)
                 print(
                     f"load: {args.rate:,.0f} single-row transactions/s for {args.seconds:g} s ...",
                     flush=True,
                 )
                 load = drive(driver, args.rate, args.seconds)
-            wait_confirmed(conn, load.end_lsn, child, stderr)
+            wait_confirmed(conn, SLOT, load.end_lsn, child, stderr, CONFIRM_TIMEOUT)
             child.stop()
             if child.returncode not in (0, -signal.SIGTERM):
-                raise BenchError(f"pg2sink exited with {child.returncode}:\n{_tail(stderr)}")
+                raise BenchError(f"pg2sink exited with {child.returncode}:\n{tail(stderr)}")
         print("reading the topic ...", flush=True)
         messages = read_topic(kafka, topic, load.count + WARMUP_ROWS)
     load_after = os.getloadavg()
