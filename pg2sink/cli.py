@@ -323,7 +323,7 @@ def _add_change_options(p: argparse.ArgumentParser) -> None:
         g,
         "--message-prefix",
         repeat=True,
-        help="with --messages, only messages with this prefix; repeatable",
+        help="with --messages, only messages with exactly this prefix; repeatable",
         metavar="PREFIX",
     )
     _add(
@@ -456,8 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     drop = sub.add_parser(
         "drop",
-        help="drop the replication slot and the publication, then exit",
-        description="Drop the replication slot and the publication pg2sink uses, then exit. "
+        help="drop the replication slot, the publication and the DDL trigger, then exit",
+        description="Drop the replication slot and the publication pg2sink uses, and the "
+        "--capture-ddl event trigger when it exists, then exit. "
         "Unconfirmed changes in the slot are lost for pg2sink.",
     )
     _add_source_options(drop)
