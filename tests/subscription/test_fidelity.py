@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -22,20 +21,12 @@ from psycopg.rows import TupleRow
 
 from pg2sink.changelog.records import Operation, Schema, Truncation
 from pg2sink.sinks.kafka.formats import JsonFormat
-from tests.conftest import Database, KafkaStack, Pg2Sink, read_jsonl, wait_for
+from tests.conftest import Database, KafkaStack, read_jsonl, wait_for
 from tests.sinks.test_kafka import Reader, registry_get
 from tests.sinks.test_kafka import start as start_kafka
+from tests.support import FAST, Proc, scalar, start
 
-Proc = Callable[..., Pg2Sink]
-
-FAST = ("--publication-poll-interval", "0.3s", "--flush-interval", "0.1s")
 TOAST = {"unchanged_toast": True}
-
-
-def start(proc: Proc, out: Path, *extra: str) -> Pg2Sink:
-    p = proc("--file-path", str(out), *FAST, *extra).start()
-    p.wait_streaming()
-    return p
 
 
 def records(out: Path, kind: str | None = None) -> list[dict[str, Any]]:
@@ -45,12 +36,6 @@ def records(out: Path, kind: str | None = None) -> list[dict[str, Any]]:
 def wait_records(out: Path, n: int, kind: str = "modification") -> list[dict[str, Any]]:
     wait_for(lambda: len(records(out, kind)) >= n, what=f"{n} {kind} records")
     return records(out, kind)
-
-
-def scalar(conn: psycopg.Connection[TupleRow], query: str) -> Any:
-    row = conn.execute(query).fetchone()
-    assert row is not None
-    return row[0]
 
 
 # --- 2. replica identity ----------------------------------------------------------
@@ -320,7 +305,7 @@ def make_partitioned(conn: psycopg.Connection[TupleRow]) -> None:
 
 
 def pubviaroot(conn: psycopg.Connection[TupleRow], pub: str) -> bool:
-    return bool(scalar(conn, f"SELECT pubviaroot FROM pg_publication WHERE pubname = '{pub}'"))
+    return bool(scalar(conn, "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (pub,)))
 
 
 def test_partitions_without_and_with_publish_via_partition_root(
@@ -398,18 +383,12 @@ def test_publish_via_partition_root_from_the_environment(
 
 def emit(conn: psycopg.Connection[TupleRow], transactional: bool, prefix: str, content: Any) -> int:
     return int(
-        scalar_params(
+        scalar(
             conn,
             "SELECT pg_logical_emit_message(%s, %s, %s) - '0/0'",
             (transactional, prefix, content),
         )
     )
-
-
-def scalar_params(conn: psycopg.Connection[TupleRow], query: str, params: tuple[Any, ...]) -> Any:
-    row = conn.execute(query, params).fetchone()
-    assert row is not None
-    return row[0]
 
 
 def test_messages_are_forwarded_filtered_and_confirmed(

@@ -8,7 +8,6 @@ import shutil
 import signal
 import tempfile
 import time as time_module
-from collections.abc import Callable
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from pathlib import Path
@@ -19,15 +18,8 @@ import pytest
 import services
 from psycopg.types.json import Jsonb
 
-from tests.conftest import Database, Pg2Sink, read_jsonl, run_cli, wait_for
-
-Proc = Callable[..., Pg2Sink]
-
-FAST = ("--publication-poll-interval", "0.3s", "--flush-interval", "0.1s")
-
-
-def modifications(path: Path) -> list[dict[str, Any]]:
-    return [r for r in read_jsonl(path) if r["kind"] == "modification"]
+from tests.conftest import Database, read_jsonl, run_cli, wait_for
+from tests.support import FAST, Proc, modifications, start
 
 
 def exact(path: Path) -> list[dict[str, Any]]:
@@ -35,12 +27,6 @@ def exact(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line, parse_float=Decimal) for line in path.read_text().splitlines()]
-
-
-def start(proc: Proc, out: Path, *extra: str) -> Pg2Sink:
-    p = proc("--file-path", str(out), *FAST, *extra).start()
-    p.wait_streaming()
-    return p
 
 
 def test_changes_across_tables_and_schemas(

@@ -8,7 +8,7 @@ did. Records must be exactly those of the same transactions sent whole at commit
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,10 @@ from pg2sink.subscription.handlers import ChangelogHandler
 from pg2sink.subscription.streaming import StreamingHandler, check_streaming_server
 from tests.conftest import Database, KafkaStack, Pg2Sink, read_jsonl, run_cli, wait_for
 from tests.logical import golden as g
+from tests.support import FAST, Proc, modifications
+from tests.support import start as start_file_sink
 
-Proc = Callable[..., Pg2Sink]
 Conn = psycopg.Connection[TupleRow]
-
-FAST = ("--publication-poll-interval", "0.3s", "--flush-interval", "0.1s")
 PAYLOAD = "repeat('p', 100)"
 
 
@@ -48,14 +47,8 @@ def conn(db: Database) -> Iterator[Conn]:
     yield c
 
 
-def modifications(path: Path) -> list[dict[str, Any]]:
-    return [r for r in read_jsonl(path) if r["kind"] == "modification"]
-
-
 def start(proc: Proc, out: Path, spill: Path, *extra: str) -> Pg2Sink:
-    p = proc("--file-path", str(out), "--streaming", "--spill-dir", str(spill), *FAST, *extra)
-    p.start().wait_streaming()
-    return p
+    return start_file_sink(proc, out, "--streaming", "--spill-dir", str(spill), *extra)
 
 
 def streamed_transactions(db: Database, slot: str | None = None) -> int:

@@ -1,0 +1,43 @@
+"""Helpers the end-to-end tests share: pg2sink started with the file sink, and its output.
+
+tests/conftest.py owns the fixtures (servers, databases, the pg2sink process); this module
+holds the small functions several test modules would otherwise each write again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from tests.conftest import Pg2Sink, read_jsonl
+
+#: The `pg2sink_proc` fixture: a pg2sink process factory.
+Proc = Callable[..., Pg2Sink]
+
+#: Short intervals, so that a test sees new tables and durable output within a second.
+FAST = ("--publication-poll-interval", "0.3s", "--flush-interval", "0.1s")
+
+
+def start(proc: Proc, out: Path, *extra: str) -> Pg2Sink:
+    """pg2sink with the file sink writing `out`, once it streams."""
+    p = proc("--file-path", str(out), *FAST, *extra).start()
+    p.wait_streaming()
+    return p
+
+
+def modifications(path: Path) -> list[dict[str, Any]]:
+    """The Modification records of a JSON-lines output file."""
+    return [r for r in read_jsonl(path) if r["kind"] == "modification"]
+
+
+def scalar(
+    conn: psycopg.Connection[TupleRow], query: str, params: tuple[Any, ...] | None = None
+) -> Any:
+    """The one value a query returns."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
