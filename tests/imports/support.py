@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -89,17 +89,22 @@ def wait_confirmed(db: Database, proc: Pg2Sink, timeout: float = 60) -> None:
 Key = tuple[Any, ...]
 
 
+def table_modifications(records: list[dict[str, Any]], table: str) -> Iterator[dict[str, Any]]:
+    """The Modification records of `table` ("schema.name"), in file order."""
+    schema, name = table.split(".")
+    for r in records:
+        if r.get("kind") == "modification" and (r["namespace"], r["name"]) == (schema, name):
+            yield r
+
+
 def replay(
     records: list[dict[str, Any]], table: str, key: tuple[str, ...]
 ) -> dict[Key, dict[str, Any]]:
     """A keyed table's state from its changelog in file order (the consumer's rule:
     INSERT/UPDATE/IMPORT upsert the after row, DELETE removes the key, an UPDATE whose
     before holds a different key removes that key, TRUNCATE empties the table)."""
-    schema, name = table.split(".")
     state: dict[Key, dict[str, Any]] = {}
-    for r in records:
-        if r.get("kind") != "modification" or (r["namespace"], r["name"]) != (schema, name):
-            continue
+    for r in table_modifications(records, table):
         op = r["operation"]
         if op == "TRUNCATE":
             state.clear()
@@ -114,15 +119,12 @@ def replay(
 
 def replay_rows(records: list[dict[str, Any]], table: str) -> Counter[str]:
     """A keyless table (REPLICA IDENTITY FULL) as a multiset of rows."""
-    schema, name = table.split(".")
     state: Counter[str] = Counter()
 
     def norm(row: dict[str, Any]) -> str:
         return json.dumps(row, sort_keys=True, default=str)
 
-    for r in records:
-        if r.get("kind") != "modification" or (r["namespace"], r["name"]) != (schema, name):
-            continue
+    for r in table_modifications(records, table):
         op = r["operation"]
         if op == "TRUNCATE":
             state.clear()
