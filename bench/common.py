@@ -49,9 +49,6 @@ class BenchError(RuntimeError):
     """Something broke: the run is invalid (exit code 1)."""
 
 
-# --- the throwaway server ----------------------------------------------------
-
-
 # --- the throwaway servers --------------------------------------------------
 
 
@@ -92,6 +89,32 @@ def pg_binary(services: ModuleType, name: str) -> str:
     """A PostgreSQL client program (psql, pg_recvlogical) of the server's own version."""
     path = services.postgres_bindir() / name
     return str(path) if path.exists() else shutil.which(name) or name
+
+
+@dataclass(frozen=True)
+class KafkaTarget:
+    """The broker and registry pg2sink's Kafka sink writes to in this bench."""
+
+    bootstrap_servers: str
+    registry_url: str
+    data: Path  # the broker's log.dirs, to measure a topic's size on disk
+
+
+def start_kafka(services: ModuleType, tmp: Path, stack: contextlib.ExitStack) -> KafkaTarget:
+    """A Kafka broker and Apicurio Registry in `tmp`, destroyed when `stack` closes."""
+    port, controller_port, registry_port = services.free_ports(3)
+    print(f"starting Kafka and the schema registry in {tmp} ...", flush=True)
+    kafka = services.Kafka(base=tmp / "kafka", port=port, controller_port=controller_port)
+    stack.callback(kafka.destroy)
+    kafka.start()
+    registry = services.SchemaRegistry(base=tmp / "registry", port=registry_port)
+    stack.callback(registry.destroy)
+    registry.start()
+    return KafkaTarget(
+        bootstrap_servers=str(kafka.bootstrap_servers),
+        registry_url=str(registry.url),
+        data=Path(kafka.data),
+    )
 
 
 # --- the bench table and its slots ------------------------------------------
@@ -352,15 +375,6 @@ def count_modifications(path: Path) -> tuple[int, int]:
     return modifications, lines
 
 
-@dataclass(frozen=True)
-class KafkaTarget:
-    """The broker and registry pg2sink's Kafka sink writes to in this bench."""
-
-    bootstrap_servers: str
-    registry_url: str
-    data: Path  # the broker's log.dirs, to measure a topic's size on disk
-
-
 def topic_message_count(bootstrap_servers: str, topic: str, timeout: float = 30.0) -> int:
     """Messages in `topic`: high minus low watermark, summed over its partitions."""
     from confluent_kafka import Consumer as KafkaConsumer
@@ -438,23 +452,6 @@ def machine_info(conn: Conn, recvlogical: str) -> dict[str, Any]:
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through the clean-up below
-
-
-def start_kafka(services: ModuleType, tmp: Path, stack: contextlib.ExitStack) -> KafkaTarget:
-    """A Kafka broker and Apicurio Registry in `tmp`, destroyed when `stack` closes."""
-    port, controller_port, registry_port = services.free_ports(3)
-    print(f"starting Kafka and the schema registry in {tmp} ...", flush=True)
-    kafka = services.Kafka(base=tmp / "kafka", port=port, controller_port=controller_port)
-    stack.callback(kafka.destroy)
-    kafka.start()
-    registry = services.SchemaRegistry(base=tmp / "registry", port=registry_port)
-    stack.callback(registry.destroy)
-    registry.start()
-    return KafkaTarget(
-        bootstrap_servers=str(kafka.bootstrap_servers),
-        registry_url=str(registry.url),
-        data=Path(kafka.data),
-    )
 
 
 def run_benchmark(
