@@ -113,19 +113,21 @@ def compile_row_reader(
     count = len(names)
     if len(converters) != count:
         raise ValueError(f"{count} column names but {len(converters)} converters")
-    env: dict[str, object] = {"_len": struct.Struct(">I").unpack_from, "_U": UNCHANGED_TOAST}
+    # _len(data, off) is the Int32 length after the kind byte at `off` (the pad byte
+    # 'x' skips it: one addition less per column than unpacking at off + 1).
+    env: dict[str, object] = {"_len": struct.Struct(">xI").unpack_from, "_U": UNCHANGED_TOAST}
+    # Byte1 tag, Int32 relation id, then 'N' and the Int16 column count of the new
+    # TupleData, checked with one slice (an Update with 'K' or 'O' here carries an old
+    # tuple first: general path). The first column then starts at the constant offset 8.
+    head = bytes([_NEW, count >> 8, count & 0xFF])
     lines = [
-        # Byte1 tag, Int32 relation id, then 'N' and the new TupleData (an Update with
-        # 'K' or 'O' here carries an old tuple first: general path)
         "def read(data):",
         "    try:",
-        f"        if data[5] != {_NEW}:",
+        f"        if data[5:8] != {head!r}:",
         "            return None",
-        "        off = 6",
-        f"        if data[off] != {count >> 8} or data[off + 1] != {count & 0xFF}:",
-        "            return None",
-        "        off += 2",
     ]
+    if count == 0:
+        lines.append("        off = 8")
     text, null, unchanged = int(TupleKind.TEXT), int(TupleKind.NULL), int(TupleKind.UNCHANGED_TOAST)
     for i, convert in enumerate(converters):
         inline = _INLINE.get(convert)
@@ -135,18 +137,20 @@ def compile_row_reader(
         else:
             env[f"c{i}"] = convert
             expression = f"c{i}(data[s:off])"
+        # offsets as literals for the first column, whose position is fixed
+        at, start, after = ("8", "13", "9") if i == 0 else ("off", "off + 5", "off + 1")
         lines += [
-            "        k = data[off]",
-            f"        if k == {text}:",
-            "            s = off + 5",
-            "            off = s + _len(data, off + 1)[0]",
+            # text (nearly every value) tested first, without a variable for the kind
+            f"        if data[{at}] == {text}:",
+            f"            s = {start}",
+            f"            off = s + _len(data, {at})[0]",
             f"            v{i} = {expression}",
-            f"        elif k == {null}:",
+            f"        elif data[{at}] == {null}:",
             f"            v{i} = None",
-            "            off += 1",
-            f"        elif k == {unchanged}:",
+            f"            off = {after}",
+            f"        elif data[{at}] == {unchanged}:",
             f"            v{i} = _U",
-            "            off += 1",
+            f"            off = {after}",
             "        else:",
             "            return None",
         ]
