@@ -47,6 +47,7 @@ class ChangelogHandler:
             messages=messages,
             message_prefixes=message_prefixes,
             via_partition_root=via_partition_root,
+            emit_new_row=getattr(sink, "write_new_row", None),
         )
         # bound once: these run per change and per commit
         self.feed = self.builder.feed

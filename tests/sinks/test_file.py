@@ -13,7 +13,7 @@ import pytest
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.errors import SinkError
 from pg2sink.logical.messages import UNCHANGED_TOAST
-from pg2sink.sinks.file import FileSink
+from pg2sink.sinks.file import FileSink, record_line
 
 T = datetime(2026, 11, 21, 2, 40, 21, 811015, tzinfo=UTC)
 SCHEMA = Schema(T, 100, "public", "t", {"type": "record", "name": "value", "fields": []})
@@ -128,3 +128,36 @@ def test_pending_bytes_count_what_is_not_fsynced(tmp_path: Path) -> None:
         time.sleep(0.001)
     assert sink.pending_bytes() == 0
     sink.close()
+
+
+def test_write_new_row_writes_the_modification_line(tmp_path: Path) -> None:
+    """The changelog's shortcut (no record object) and write(Modification) give the
+    same bytes as the general encoder (record_line), whatever the values."""
+    later = datetime(2026, 11, 21, 2, 40, 22, tzinfo=UTC)
+    records = [
+        modification(0, {"id": 1, "n": Decimal("1.50"), "big": UNCHANGED_TOAST, "s": "é\u2028"}),
+        modification(1, {"id": 2, "n": None, "at": later}),
+        Modification(later, 0, 300, 8, Operation.UPDATE, "s p", 't"q', {"id": 2}, {"id": 3}),
+        Modification(later, 1, 301, 8, Operation.UPDATE, "public", "t", None, {}),
+    ]
+    shortcut, general = tmp_path / "shortcut.jsonl", tmp_path / "general.jsonl"
+    sink = FileSink(str(shortcut))
+    sink.open()
+    for r in records:
+        if r.before is None:
+            assert r.after is not None
+            sink.write_new_row(
+                r.timestamp, r.sequence, r.lsn, r.xid, r.operation, r.namespace, r.name, r.after
+            )
+        else:
+            sink.write(r)
+    sink.close()
+    written = FileSink(str(general))
+    written.open()
+    for r in records:
+        written.write(r)
+    written.close()
+    expected = b"".join(record_line(r) for r in records)
+    assert shortcut.read_bytes() == expected
+    assert general.read_bytes() == expected
+    assert json.loads(expected.splitlines()[2])["before"] == {"id": 2}
