@@ -76,6 +76,7 @@ ERROR_KINDS = (
     "decode",
     "sink",
     "sink_unavailable",
+    "import_failed",
     "internal",
 )
 
