@@ -45,8 +45,7 @@ from tests.conftest import (
     wait_for,
 )
 from tests.sinks.test_kafka import Reader, kafka_args
-
-FAST = ("--publication-poll-interval", "0.3s", "--flush-interval", "0.1s")
+from tests.support import FAST
 
 # (case id, column type, values as SQL expressions). Each case gets a column c_<id> of
 # the type and a column a_<id> of its array type.

@@ -45,10 +45,8 @@ from pg2sink.sinks.kafka.sink import producer_settings
 from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
 from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for
 from tests.conftest import run_cli as conftest_run_cli
+from tests.support import FAST, Proc
 
-Proc = Callable[..., Pg2Sink]
-
-FAST = ("--publication-poll-interval", "0.3s", "--flush-interval", "0.1s")
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 T = datetime(2026, 11, 21, 2, 40, 21, 811015, tzinfo=UTC)
 
