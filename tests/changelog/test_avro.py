@@ -323,6 +323,8 @@ _LONGS = [*_INTS, 2**31, -(2**31) - 1, 2**53 + 1, 2**63 - 1, -(2**63)]
 _STRINGS = ["", "a", "Zoë 🐘", "x" * 63, "y" * 64, "é" * 40, "z" * 300, "0\x00nul"]
 _DECIMALS = ["0", "0.01", "-0.01", "1.27", "1.28", "-1.28", "-1.29", "12345678.50"]
 _DECIMALS += ["-99999999.99", "99999999.99", "327.67", "-327.68", "1"]
+# fewer decimals than the scale, exponents, negative zero: the fast path's exact fraction
+_DECIMALS += ["1.5", "-0.00", "0E-7", "1E+3", "9.9E+7", "-12.340000", "0.10"]
 
 
 def _fast_rows() -> list[dict[str, object]]:
@@ -343,8 +345,17 @@ def _fast_rows() -> list[dict[str, object]]:
         row["nu"] = Decimal(["0.00000001", "-12.5", "1E+3", "NaN", "Infinity"][i % 5])
         row["d"] = [date(1970, 1, 1), date(1, 1, 1), date(9999, 12, 31), date(1969, 12, 31)][i % 4]
         row["tm"] = [time(0), time(23, 59, 59, 999999), time(0, 0, 0, 1)][i % 3]
-        row["ts"] = [datetime(1, 1, 1), datetime(9999, 12, 31, 23, 59, 59, 999999)][i % 2]
-        row["tstz"] = [datetime(1960, 1, 1, tzinfo=UTC), T][i % 2]
+        row["ts"] = [
+            datetime(1, 1, 1),
+            datetime(9999, 12, 31, 23, 59, 59, 999999),
+            datetime(1969, 12, 31, 23, 59, 59, 999999),
+        ][i % 3]
+        row["tstz"] = [
+            datetime(1960, 1, 1, tzinfo=UTC),
+            T,
+            datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+            datetime(1, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
+        ][i % 4]
         row["ai"] = [[], [None], [1, None, -(2**31)], list(range(100))][i % 4]
         row["an"] = [[], [Decimal("1.500"), None, Decimal("-999.999")]][i % 2]
         rows.append(row)
@@ -352,6 +363,17 @@ def _fast_rows() -> list[dict[str, object]]:
     toast["t"] = toast["j"] = toast["ai"] = UNCHANGED_TOAST
     rows.append(toast)
     return rows
+
+
+def _no_fallback(self: TableEncoder, m: Modification) -> bytes:
+    raise AssertionError(f"the fast path fell back for {m!r}")
+
+
+def _fast_only(encoder: TableEncoder, m: Modification) -> bytes:
+    """encode_value(m), failing if the fast path handed it to the generic path."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TableEncoder, "_generic_value", _no_fallback)
+        return encoder.encode_value(m)
 
 
 def test_fast_path_writes_the_bytes_of_fastavro() -> None:
@@ -364,11 +386,11 @@ def test_fast_path_writes_the_bytes_of_fastavro() -> None:
             modification(None, row, Operation.DELETE),
             modification(None, None, Operation.TRUNCATE),
         ):
-            m.sequence, m.lsn, m.xid = i, _LONGS[i % len(_LONGS)] & (2**63 - 1), i * 1000
+            m.sequence, m.lsn, m.xid = i * 7, _LONGS[i % len(_LONGS)] & (2**63 - 1), i * 1000
             expected = encoder._generic_value(m)
             assert encoder.encode_value(m) == expected, (i, m.operation)
             assert encoder.encode_value(m, b"\x00\x00\x00\x00\x07") == b"\0\0\0\0\7" + expected
-            assert encoder._fast_value(encoder._fast_row, m, b"") == expected, (i, m.operation)
+            assert _fast_only(encoder, m) == expected, (i, m.operation)
         assert encoder._fast_key is not None and encoder._key_rows is not None
         fast_key = bytearray()
         encoder._fast_key(row, fast_key, [])
@@ -392,3 +414,33 @@ def test_fast_path_falls_back_to_the_generic_errors() -> None:
     row: dict[str, object] = {"id": 1, "f8": "1.5", "t": Decimal("2.50"), "i4": 3}
     m = modification(row)
     assert encoder.encode_value(m) == encoder._generic_value(m)
+
+
+def test_fast_decimals_are_fastavros_own_decimal_bytes() -> None:
+    """The fast path's exact-fraction decimals against fastavro's logical-type writer (not
+    the converter the generic path shares), and what it refuses is the generic error."""
+    columns = [
+        RowColumn("n", codec_for(builtin("numeric"), numeric_typmod(12, 2)), False),
+        RowColumn("z", codec_for(builtin("numeric"), numeric_typmod(18, 0)), False),
+    ]
+    record = avro_row_schema("public", "dec", columns)
+    encoder = TableEncoder("public", "dec", record)
+    assert encoder._fast_row is not None
+    parsed = fastavro.parse_schema(record, named_schemas={})
+    values = [*_DECIMALS, "9999999999.99", "-9999999999.99", "0.5E+1", "-1E+1"]
+    for text in values:
+        row: dict[str, object] = {"n": Decimal(text), "z": Decimal(text).quantize(Decimal(1))}
+        fast = bytearray()
+        encoder._fast_row(row, fast, [])
+        # fastavro wants exactly the scale's digits: the same number, as PostgreSQL sends it
+        same = {"n": Decimal(text).quantize(Decimal("0.01")), "z": row["z"]}
+        expected = io.BytesIO()
+        fastavro.schemaless_writer(expected, parsed, same)
+        assert bytes(fast) == expected.getvalue(), text
+    for bad in ("1.505", "10000000000.00", "-10000000000", "1E+10"):
+        with pytest.raises(UnrepresentableValueError, match="does not fit Avro decimal"):
+            encoder.encode_value(
+                Modification(
+                    T, 0, 1, 2, Operation.INSERT, "public", "dec", None, {"n": Decimal(bad)}
+                )
+            )
