@@ -17,13 +17,15 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== starting a throwaway PostgreSQL (wal_level=logical)"
-$PY scripts/services.py start --dir "$work" | sed 's/^/   /'
+$PY scripts/services.py start postgres --dir "$work" | sed 's/^/   /'
 # shellcheck disable=SC1091
 . "$work/env"
 
 psql -q -v ON_ERROR_STOP=1 <<'SQL'
 CREATE TABLE public.customers (id serial PRIMARY KEY, name text NOT NULL, balance numeric(10,2),
                                tags text[], updated_at timestamptz DEFAULT now());
+-- a row from before pg2sink starts: its snapshot import (Spark) writes it as IMPORT
+INSERT INTO public.customers (name, balance, tags) VALUES ('Edsger', 42.00, '{founder}');
 SQL
 
 echo "== starting: pg2sink --sink=file --file-path=$work/changes.jsonl"
@@ -44,11 +46,14 @@ UPDATE customers SET balance = balance + 10 WHERE name = 'Ada';
 DELETE FROM customers WHERE name = 'Grace';
 SQL
 
-for _ in $(seq 1 100); do
+# 1 IMPORT + 4 changes; the changes wait for the import (Spark starts in seconds)
+for _ in $(seq 1 600); do
   n=$(grep -c '"kind":"modification"' "$work/changes.jsonl" 2>/dev/null || true)
-  [ "${n:-0}" -ge 4 ] && break
+  [ "${n:-0}" -ge 5 ] && break
+  kill -0 "$pid" 2>/dev/null || { cat "$work/pg2sink.log"; exit 1; }
   sleep 0.1
 done
+[ "${n:-0}" -ge 5 ] || { echo "demo: expected 5 modifications, got ${n:-0}"; cat "$work/pg2sink.log"; exit 1; }
 
 echo "== records written by pg2sink ($work/changes.jsonl)"
 $PY - "$work/changes.jsonl" <<'PYEOF'

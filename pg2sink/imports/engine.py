@@ -328,6 +328,14 @@ class ImportEngine:
         try:
             use_snapshot(planner, exporter.name)
             plan = plan_import(planner, job.schema, job.table, target_partitions=TARGET_PARTITIONS)
+            # A table empty in the snapshot has nothing to import: no Spark job (whose JVM
+            # start would hold the gate, and with it the stream, for seconds).
+            row = planner.execute(
+                sql.SQL("SELECT EXISTS (SELECT FROM {})").format(
+                    sql.Identifier(job.schema, job.table)
+                )
+            ).fetchone()
+            empty = not (row and row[0])
             planner.execute("COMMIT")
             stored = jobs.load_partitions(planner, internal, job.id)
             if not stored:
@@ -339,7 +347,7 @@ class ImportEngine:
                 plan = dataclasses.replace(plan, predicates=tuple(p.predicate for p in stored))
         finally:
             planner.close()
-        return plan, [p.number for p in stored if not p.done]
+        return plan, [] if empty else [p.number for p in stored if not p.done]
 
     def _run_spark(
         self, job: jobs.Job, plan: Any, todo: list[int], snapshot: str, advance: Any
