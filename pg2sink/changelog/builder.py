@@ -137,7 +137,17 @@ class ChangelogBuilder:
         tuple take the fast paths of logical.fastpath; everything else, and anything a
         fast path declines, goes through decode() and handle().
         """
-        data = payload if payload.__class__ is bytes else bytes(payload)
+        # memoryview.tobytes() rather than bytes(): the constructor first looks for a
+        # __bytes__ method (measured: ~700 instructions per change more)
+        cls = payload.__class__
+        # (mypy does not narrow on `cls is ...`)
+        data: bytes = (
+            payload  # type: ignore[assignment]
+            if cls is bytes
+            else payload.tobytes()  # type: ignore[union-attr]
+            if cls is memoryview
+            else bytes(payload)
+        )
         tag = data[0] if data else 0  # an empty message fails in decode() below
         self.tag_counts[tag] += 1
         if tag in _NEW_ROW_OPERATIONS and len(data) > 6:
