@@ -444,3 +444,29 @@ def test_fast_decimals_are_fastavros_own_decimal_bytes() -> None:
                     T, 0, 1, 2, Operation.INSERT, "public", "dec", None, {"n": Decimal(bad)}
                 )
             )
+
+
+def test_fast_varints_are_fastavros_longs() -> None:
+    """Every varint length, both signs, bare and after a union branch byte."""
+    from pg2sink.changelog.avro import _int_1, _long, _long_1
+
+    values = {0, -1, 2**63 - 1, -(2**63)}
+    for bits in range(63):
+        for base in (
+            1 << bits,
+            (1 << bits) - 1,
+            (1 << bits) + 1,
+            0x2AAAAAAAAAAAAAAA >> (62 - bits),
+        ):
+            values |= {base, -base}
+    long_schema = fastavro.parse_schema(["null", "long"])
+    int_schema = fastavro.parse_schema(["null", "int"])
+    for n in sorted(values):
+        expected = io.BytesIO()
+        fastavro.schemaless_writer(expected, long_schema, n)
+        assert _long_1(n) == expected.getvalue(), n
+        assert _long(n) == expected.getvalue()[1:], n
+        if -(2**31) <= n < 2**31:
+            expected = io.BytesIO()
+            fastavro.schemaless_writer(expected, int_schema, n)
+            assert _int_1(n) == expected.getvalue(), n
