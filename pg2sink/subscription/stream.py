@@ -208,11 +208,15 @@ class Streamer:
                 continue
             countdown -= 1
             if buf[0] == _XLOG_DATA_TAG:
-                # Fast path, once per change: unpack the XLogData header in place. Its
-                # WAL end equals its data start in logical decoding, so the position
-                # the server has sent is tracked from commits and keepalives instead.
+                # Fast path, once per change: copy the frame out of libpq's buffer once
+                # and slice the payload off as bytes (cheaper than a memoryview slice
+                # copied again by the handler: ~400 instructions per change, callgrind).
+                # The XLogData header's WAL end equals its data start in logical
+                # decoding, so the position the server has sent is tracked from commits
+                # and keepalives instead.
+                frame = buf.tobytes()
                 try:
-                    end_lsn = feed(buf[header_size:], unpack_header(buf)[1])
+                    end_lsn = feed(frame[header_size:], unpack_header(frame)[1])
                 except GateHeld as held:  # an import must finish first (imports.gate)
                     held_end = self._wait_gate(held, buf)
                     if held_end is None:
