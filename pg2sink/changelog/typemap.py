@@ -83,7 +83,7 @@ import orjson
 
 from pg2sink.catalog.types import PgType
 from pg2sink.changelog.arrays import parse_array
-from pg2sink.logical.fastpath import register_inline
+from pg2sink.logical.fastpath import register_fixed, register_inline
 
 __all__ = [
     "PgArray",
@@ -285,6 +285,7 @@ register_inline(
 )
 register_inline(_decode_timestamp, "_ts_fromiso({}.decode())", _ts_fromiso=datetime.fromisoformat)
 register_inline(_decode_date, "_d_fromiso({}.decode())", _d_fromiso=date.fromisoformat)
+register_fixed(_decode_bool, {b"t": True, b"f": False})
 
 
 def _json_bytea(text: bytes) -> object:

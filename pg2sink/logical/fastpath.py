@@ -43,6 +43,7 @@ __all__ = [
     "begin_fields",
     "commit_end_lsn",
     "compile_row_reader",
+    "register_fixed",
     "register_inline",
 ]
 
@@ -97,11 +98,23 @@ class Inline:
 
 
 _INLINE: dict[Callable[[bytes], object], Inline] = {}
+#: converter -> the only texts it accepts (all of one length) and their results
+_FIXED: dict[Callable[[bytes], object], Mapping[bytes, object]] = {}
 
 
 def register_inline(converter: Callable[[bytes], object], template: str, **names: object) -> None:
     """Let readers inline `converter` as `template` (see Inline)."""
     _INLINE[converter] = Inline(template, names)
+
+
+def register_fixed(converter: Callable[[bytes], object], values: Mapping[bytes, object]) -> None:
+    """Let readers match a value of `converter` as a whole, length included, against
+    each of the texts in `values` (one slice and a comparison instead of reading the
+    length and calling the converter: bool's 't' and 'f'). Any other text goes to the
+    converter as before."""
+    if len({len(text) for text in values}) != 1:
+        raise ValueError("fixed texts must all have one length")
+    _FIXED[converter] = dict(values)
 
 
 def compile_row_reader(
@@ -139,9 +152,21 @@ def compile_row_reader(
             expression = f"c{i}(data[s:off])"
         # offsets as literals for the first column, whose position is fixed
         at, start, after = ("8", "13", "9") if i == 0 else ("off", "off + 5", "off + 1")
+        branch = "if"
+        for j, (fixed_text, result) in enumerate(_FIXED.get(convert, {}).items()):
+            # kind 't', Int32 length and the text itself, compared in one go
+            whole = bytes([text]) + len(fixed_text).to_bytes(4, "big") + fixed_text
+            env[f"f{i}_{j}"] = result
+            value = f"(w := data[{at}:{at} + {len(whole)}])" if j == 0 else "w"
+            lines += [
+                f"        {branch} {value} == {whole!r}:",
+                f"            v{i} = f{i}_{j}",
+                f"            off = {at} + {len(whole)}",
+            ]
+            branch = "elif"
         lines += [
             # text (nearly every value) tested first, without a variable for the kind
-            f"        if data[{at}] == {text}:",
+            f"        {branch} data[{at}] == {text}:",
             f"            s = {start}",
             f"            off = s + _len(data, {at})[0]",
             f"            v{i} = {expression}",

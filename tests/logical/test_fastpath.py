@@ -10,6 +10,7 @@ import pytest
 from pg2sink.changelog import typemap
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.rows import RowDecoder
+from pg2sink.errors import DecodeError
 from pg2sink.logical import fastpath
 from pg2sink.logical.decoder import decode
 from pg2sink.logical.messages import UNCHANGED_TOAST, Begin, Commit, Insert, Update
@@ -155,3 +156,39 @@ def test_any_column_name_is_a_safe_literal(name: str) -> None:
     data = b"I\x00\x00\x00\x01N\x00\x02t\x00\x00\x00\x011t\x00\x00\x00\x012"
     row = fastpath.compile_row_reader([name, "other"], [int, int])(data)
     assert row == {name: 1, "other": 2}
+
+
+def _insert(*values: bytes | None) -> bytes:
+    """An Insert of relation 1 with these text values (None: NULL)."""
+    data = b"I" + (1).to_bytes(4, "big") + b"N" + len(values).to_bytes(2, "big")
+    for v in values:
+        data += b"n" if v is None else b"t" + len(v).to_bytes(4, "big") + v
+    return data
+
+
+BOOL_ROW = ["a", "n", "b"]
+BOOL_CONVERTERS: list[Callable[[bytes], object]] = [typemap._decode_bool, int, typemap._decode_bool]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [(b"t", b"1", b"f"), (b"f", b"22", b"t"), (None, b"3", None), (b"t", None, b"t")],
+)
+def test_fixed_bool_texts_agree_with_decode(values: tuple[bytes | None, ...]) -> None:
+    data = _insert(*values)
+    row = fastpath.compile_row_reader(BOOL_ROW, BOOL_CONVERTERS)(data)
+    assert row is not None
+    assert row == general(data, BOOL_ROW, BOOL_CONVERTERS)
+
+
+@pytest.mark.parametrize("values", [(b"x", b"1", b"t"), (b"t", b"1", b"tt"), (b"t", b"1", b"")])
+def test_other_bool_texts_go_to_the_converter(values: tuple[bytes | None, ...]) -> None:
+    # the converter rejects them: the reader declines, the general path raises
+    assert fastpath.compile_row_reader(BOOL_ROW, BOOL_CONVERTERS)(_insert(*values)) is None
+    with pytest.raises(DecodeError, match="KeyError"):
+        general(_insert(*values), BOOL_ROW, BOOL_CONVERTERS)
+
+
+def test_fixed_texts_must_have_one_length() -> None:
+    with pytest.raises(ValueError, match="one length"):
+        fastpath.register_fixed(len, {b"t": 1, b"true": 2})
