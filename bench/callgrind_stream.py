@@ -226,7 +226,7 @@ def _replay_live(frames_file: Path, catalog: RecordingCatalog) -> None:
     from pg2sink.sinks.file import FileSink
 
     with frames_file.open("rb") as f:
-        frames = pickle.load(f)["frames"]
+        frames = [memoryview(b) for b in pickle.load(f)["frames"]]  # as libpq hands them out
     with tempfile.TemporaryDirectory() as tmp:
         sink = FileSink(os.path.join(tmp, "out.jsonl"))
         sink.open()
