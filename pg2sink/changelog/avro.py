@@ -454,16 +454,6 @@ def _long_1(n: int) -> bytes:
     return _varint(zz, 2)
 
 
-def _int_1(n: int) -> bytes:
-    """Union branch 1, then Avro int."""
-    zz = (n << 1) ^ (n >> 63)
-    if zz < 0x80:
-        return _SMALL_1[zz]
-    if n < _INT_MIN or n > _INT_MAX:
-        raise _FallbackError
-    return _varint(zz, 2)
-
-
 def _string(value: str) -> bytes:
     data = value.encode()
     n = len(data)
@@ -563,16 +553,17 @@ def _field_code(i: int, avro: Any, env: dict[str, object]) -> list[str]:
     convert = converter_for(avro)
     c = f"c{i}"
     env[c] = convert
-    if kind in (("long", None), ("int", None)):
-        helper = "_long_1" if kind[0] == "long" else "_int_1"
+    if kind[0] in ("long", "int"):
+        # _long_1 inline (with the int range for Avro int), a call less per value
+        low, high = ("_LONG_MIN", "_LONG_MAX") if kind[0] == "long" else ("_INT_MIN", "_INT_MAX")
         return [
-            "if v.__class__ is not int: raise _FallbackError",
-            f"out += {helper}(v)",
+            # plain int/long: as is; date, time-micros, (local-)timestamp-micros: converted
+            "if v.__class__ is not int: raise _FallbackError" if convert is None else f"v = {c}(v)",
+            "zz = (v << 1) ^ (v >> 63)",
+            "if zz < 0x80: out += _SMALL_1[zz]",
+            f"elif {low} <= v <= {high}: out += _varint(zz, 2)",
+            "else: raise _FallbackError",
         ]
-    if kind in (("int", "date"),):
-        return [f"out += _int_1({c}(v))"]
-    if kind[0] == "long":  # time-micros, (local-)timestamp-micros: converters give ints
-        return [f"out += _long_1({c}(v))"]
     if kind[0] == "string":
         return [
             "if v.__class__ is not str:",
@@ -638,7 +629,11 @@ def _compile_row(record: Mapping[str, Any]) -> Callable[..., None] | None:
     env: dict[str, object] = {
         "_FallbackError": _FallbackError,
         "_long_1": _long_1,
-        "_int_1": _int_1,
+        "_varint": _varint,
+        "_LONG_MIN": _LONG_MIN,
+        "_LONG_MAX": _LONG_MAX,
+        "_INT_MIN": _INT_MIN,
+        "_INT_MAX": _INT_MAX,
         "_SMALL_1": _SMALL_1,
         "_DOUBLE_1": _DOUBLE_1,
         "_FLOAT_1": _FLOAT_1,
