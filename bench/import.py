@@ -49,6 +49,7 @@ from typing import Any
 
 import psycopg
 from common import (
+    CLOCK_TICKS,
     ROW_EXPRESSIONS,
     BenchError,
     Conn,
@@ -85,6 +86,10 @@ class Run:
     name: str
     seconds: float
     rows: int
+    cpu: float | None = None
+    """CPU seconds of this process tree (Spark's JVM and Python workers) during the run."""
+    server_cpu: float | None = None
+    """CPU seconds of the PostgreSQL server's process tree (its backends) during the run."""
 
     @property
     def rows_per_second(self) -> float:
@@ -102,6 +107,45 @@ def fill(conn: Conn, rows: int) -> None:
     conn.execute(sql.SQL("VACUUM (ANALYZE, FREEZE) {}").format(sql.Identifier(TABLE)))
     conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(TABLE)))
     print(f"  {rows:,} rows written and vacuumed in {time.monotonic() - t0:.1f}s", flush=True)
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds of `root` and every live descendant, each with its reaped children
+    (utime + stime + cutime + cstime of /proc/<pid>/stat): a backend that ended is
+    counted in its postmaster's cutime, a finished Python worker in its daemon's."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                text = f.read()
+                fields = text.rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # after "(comm)": ppid is [1], utime [11], stime [12], cutime [13], cstime [14]
+        parents[int(entry)] = int(fields[1])
+        names[int(entry)] = text.split("(", 1)[1].rsplit(")", 1)[0]
+        times[int(entry)] = sum(int(x) for x in fields[11:15]) / CLOCK_TICKS
+    total = 0.0
+    for pid, t in times.items():
+        p = pid
+        while p > 1 and p != root:
+            p = parents.get(p, 0)
+        if p == root:
+            total += t
+            if os.environ.get("BENCH_CPU_BY_PROCESS"):
+                print(f"    cpu {pid} {names[pid]} {t:.2f}", flush=True)
+    return total
+
+
+def postmaster_pid(conn: Conn) -> int:
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    with open(f"/proc/{row[0]}/stat", encoding="ascii") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def run_copy(psql: str, dsn: str, rows: int) -> Run:
@@ -155,12 +199,15 @@ def run_import(
                 INTERNAL,
                 sink,
             )
+            server = postmaster_pid(conn)
+            cpu0, server0 = tree_cpu(os.getpid()), tree_cpu(server)
             t0 = time.monotonic()
             rows = runner.run(task)
             seconds = time.monotonic() - t0
+            cpu, server_cpu = tree_cpu(os.getpid()) - cpu0, tree_cpu(server) - server0
         finally:
             snap.close()
-    return Run(name, seconds, rows)
+    return Run(name, seconds, rows, cpu, server_cpu)
 
 
 def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -200,7 +247,9 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     raise BenchError(f"{out} holds {mods} Modification lines, not {args.rows}")
                 out.unlink()
                 imports.setdefault("pg2sink import, file sink", []).append(r)
-                print(f"{step}: import to the file sink {r.seconds:.2f}s", flush=True)
+                print(
+                    f"{step}: import to the file sink {r.seconds:.2f}s, {cpu_text(r)}", flush=True
+                )
             if use_kafka:
                 if kafka is None:
                     kafka = start_kafka(services, tmp, stack)
@@ -218,8 +267,17 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 if n != args.rows:
                     raise BenchError(f"topic {topic} holds {n} messages, not {args.rows}")
                 imports.setdefault("pg2sink import, Kafka sink", []).append(r)
-                print(f"{step}: import to Kafka {r.seconds:.2f}s", flush=True)
+                print(f"{step}: import to Kafka {r.seconds:.2f}s, {cpu_text(r)}", flush=True)
     return report(args, copies, imports, startup, info)
+
+
+def cpu_text(r: Run) -> str:
+    """CPU per row of the run: pg2sink's process tree and PostgreSQL's."""
+    us = 1e6 / r.rows if r.rows else 0.0
+    return (
+        f"CPU {r.cpu or 0.0:.2f}s pg2sink ({(r.cpu or 0.0) * us:.2f} us/row)"
+        f" + {r.server_cpu or 0.0:.2f}s PostgreSQL ({(r.server_cpu or 0.0) * us:.2f} us/row)"
+    )
 
 
 def report(
@@ -255,6 +313,8 @@ def report(
         print(f"{name:32} {seconds:9.2f} {rate:12,.0f} {rate / copy_rate:7.2f}")
         figures[name] = {
             "seconds": [r.seconds for r in runs],
+            "cpu_seconds": [r.cpu for r in runs],
+            "server_cpu_seconds": [r.server_cpu for r in runs],
             "rows_per_second": rate,
             "ratio_to_copy": rate / copy_rate,
         }
