@@ -43,7 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from subprocess import PIPE, STDOUT
+from typing import IO, Any
 from urllib.parse import quote
 
 import psycopg
@@ -151,24 +152,24 @@ class SparkRunner:
             return self._spark
         jar = self._driver_jar()
         try:
+            from pyspark import SparkConf, SparkContext
+            from pyspark.java_gateway import launch_gateway
             from pyspark.sql import SparkSession
         except ImportError:
             raise ConfigError(
                 "imports run on Spark: install pyspark (pip install 'pg2sink[spark]')"
             ) from None
         started = time.monotonic()
-        builder = (
-            SparkSession.builder.master(self.master)
-            .appName(self.app_name)
-            .config("spark.jars", jar)
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config(
-                "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
-            )
-            .config(
-                "spark.executor.extraJavaOptions",
-                f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}",
+        conf = (
+            SparkConf()
+            .setMaster(self.master)
+            .setAppName(self.app_name)
+            .set("spark.jars", jar)
+            .set("spark.ui.enabled", "false")
+            .set("spark.ui.showConsoleProgress", "false")
+            .set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}")
+            .set(
+                "spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
             )
         )
         if _is_local(self.master):
@@ -177,7 +178,19 @@ class SparkRunner:
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         log.info("starting Spark (master %s)", self.master)
-        spark = builder.getOrCreate()
+        # The JVM (and the local Python workers it forks) write to a pipe that pg2sink
+        # reads into its own log, instead of to pg2sink's stderr: a --log-format json
+        # log stays all JSON, and a worker's traceback still reaches the user.
+        # (once per process: a session started again after close() reuses that JVM)
+        if SparkContext._gateway is None:
+            gateway: Any = launch_gateway(  # type: ignore[no-untyped-call]
+                conf, popen_kwargs={"stdout": PIPE, "stderr": STDOUT}
+            )
+            threading.Thread(
+                target=_log_console, args=(gateway.proc.stdout,), name="spark-console", daemon=True
+            ).start()
+            SparkContext(gateway=gateway, conf=conf)
+        spark = SparkSession.builder.config(conf=conf).getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         self.startup_seconds = time.monotonic() - started
         log.info("Spark started in %.1fs", self.startup_seconds)
@@ -489,6 +502,19 @@ def _password(dsn: str) -> str | None:
     except psycopg.ProgrammingError:
         return None
     return str(value) if value else None
+
+
+#: Lines of Spark's console output worth a warning; the rest (start-up notes) is debug.
+_CONSOLE_PROBLEM = re.compile(rb"\b(ERROR|FATAL|Exception|Error|Traceback)\b")
+
+
+def _log_console(stream: IO[bytes]) -> None:
+    """Spark's JVM console output, a line at a time, into pg2sink's log (a thread)."""
+    for raw in stream:
+        line = raw.rstrip().decode(errors="replace")
+        if line:
+            level = logging.WARNING if _CONSOLE_PROBLEM.search(raw) else logging.DEBUG
+            log.log(level, "spark: %s", line)
 
 
 def _redact(text: str, secret: str | None) -> str:
