@@ -176,15 +176,7 @@ def run_import(
         job_id = jobs.request_import(conn, INTERNAL, PUBLICATION, "public", TABLE)
         snap = ExportedSnapshot.open(SecretDsn(dsn))
         try:
-            jobs.record_snapshot(
-                conn,
-                INTERNAL,
-                job_id,
-                name=snap.name,
-                snapshot=str(snap.visibility),
-                lsn=snap.lsn,
-                time=snap.time,
-            )
+            jobs.record_snapshot(conn, INTERNAL, job_id, snap)
             with psycopg.connect(dsn, autocommit=True) as reader:
                 use_snapshot(reader, snap.name)
                 plan = plan_import(reader, "public", TABLE, target_partitions=partitions)

@@ -260,15 +260,7 @@ class ImportEngine:
                 return
             exporter = ExportedSnapshot.open(self.src.dsn)
             self.gate.open_snapshot(schema, table, exporter.visibility, exporter.lsn)
-            jobs.record_snapshot(
-                conn,
-                internal,
-                job.id,
-                name=exporter.name,
-                snapshot=str(exporter.visibility),
-                lsn=exporter.lsn,
-                time=exporter.time,
-            )
+            jobs.record_snapshot(conn, internal, job.id, exporter)
             plan, todo = self._plan(job, exporter)
             progress.rows_estimated = plan.rows_estimated
             progress.rows_read = job.rows_processed

@@ -21,13 +21,16 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pg2sink.errors import ImportFailed
+
+if TYPE_CHECKING:
+    from pg2sink.imports.snapshot import ExportedSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -258,19 +261,17 @@ def record_snapshot(
     conn: psycopg.Connection[Any],
     internal_schema: str,
     job_id: int,
-    *,
-    name: str,
-    snapshot: str,
-    lsn: int,
-    time: datetime,
+    snap: ExportedSnapshot,
 ) -> None:
+    """Store the job's exported snapshot: its name, visibility, WAL position and time
+    (the runner stamps IMPORT records with the last two)."""
     conn.execute(
         sql.SQL(
             "UPDATE {} SET snapshot_name = %s, snapshot = %s::pg_snapshot, "
             "snapshot_lsn = '0/0'::pg_lsn + %s::numeric, snapshot_time = %s, updated_at = now() "
             "WHERE id = %s"
         ).format(_t(internal_schema, "import_jobs")),
-        (name, snapshot, lsn, time, job_id),
+        (snap.name, str(snap.visibility), snap.lsn, snap.time, job_id),
     )
 
 

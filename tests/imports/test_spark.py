@@ -79,15 +79,7 @@ def prepare_job(db: Database, table: str, partitions: int) -> PreparedJob:
     job_id = jobs.request_import(conn, INTERNAL, db.publication, "public", table)
     snap = ExportedSnapshot.open(dsn)
     db.conns.append(snap.conn)  # closed by the fixture whatever happens
-    jobs.record_snapshot(
-        conn,
-        INTERNAL,
-        job_id,
-        name=snap.name,
-        snapshot=str(snap.visibility),
-        lsn=snap.lsn,
-        time=snap.time,
-    )
+    jobs.record_snapshot(conn, INTERNAL, job_id, snap)
     reader = db.connect()
     use_snapshot(reader, snap.name)
     plan = plan_import(reader, "public", table, target_partitions=partitions)
