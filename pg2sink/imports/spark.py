@@ -59,10 +59,10 @@ from pg2sink.config import REPLICATION_SESSION_SETTINGS
 from pg2sink.errors import ConfigError, ImportFailed, Pg2SinkError
 from pg2sink.imports.plan import ImportPlan
 from pg2sink.imports.writers import (
-    DELIVERY_WAIT,
     ImportSinkConfig,
     PartitionJob,
     RecordingRegistry,
+    wait_acknowledged,
 )
 
 __all__ = ["ImportSinkConfig", "ImportTask", "SparkRunner", "default_jdbc_driver"]
@@ -423,14 +423,9 @@ def _write_schema(job: PartitionJob) -> tuple[tuple[str, int], ...]:
     producer.open()
     try:
         producer.write(job.schema)  # checks the topic, registers, --schema-topic
-        producer.checkpoint(1)
-        deadline = time.monotonic() + DELIVERY_WAIT
-        while producer.flush() != 1:
-            if time.monotonic() > deadline:
-                raise ImportFailed(
-                    f"Kafka did not acknowledge the Schema record of {job.schema.namespace}."
-                    f"{job.schema.name} within {DELIVERY_WAIT:.0f}s"
-                )
+        wait_acknowledged(
+            producer, f"the Schema record of {job.schema.namespace}.{job.schema.name}"
+        )
     finally:
         producer.close()
     return tuple(recording.ids.items()) if recording is not None else ()

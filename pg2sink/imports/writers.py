@@ -48,6 +48,8 @@ from pg2sink.errors import SinkError
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
+    from pg2sink.sinks.base import Sink
+
 __all__ = [
     "BatchDecoder",
     "FileWriter",
@@ -57,6 +59,7 @@ __all__ = [
     "PartitionJob",
     "RecordingRegistry",
     "append_lines",
+    "wait_acknowledged",
     "write_partition",
 ]
 
@@ -376,18 +379,21 @@ class KafkaWriter:
                     write(Modification(ts, seq, lsn, 0, op, ns, name, None, row))
                     seq += 1
                 sink.start_flush()  # serve delivery reports as we go
-            sink.checkpoint(1)
-            deadline = time.monotonic() + DELIVERY_WAIT
-            while sink.flush() != 1:
-                if time.monotonic() > deadline:
-                    raise SinkError(
-                        f"Kafka did not acknowledge the import's messages of {ns}.{name} "
-                        f"within {DELIVERY_WAIT:.0f}s"
-                    )
+            wait_acknowledged(sink, f"the import's messages of {ns}.{name}")
             self.rows = seq
         finally:
             sink.close()
         return self.rows
+
+
+def wait_acknowledged(sink: Sink, what: str) -> None:
+    """Checkpoint everything `sink` was given and flush until the broker acknowledged it
+    all; SinkError naming `what` after DELIVERY_WAIT seconds."""
+    sink.checkpoint(1)
+    deadline = time.monotonic() + DELIVERY_WAIT
+    while sink.flush() != 1:
+        if time.monotonic() > deadline:
+            raise SinkError(f"Kafka did not acknowledge {what} within {DELIVERY_WAIT:.0f}s")
 
 
 def write_partition(
