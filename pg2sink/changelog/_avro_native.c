@@ -1,0 +1,782 @@
+/*
+ * pg2sink.changelog._avro_native: one pgoutput Insert/Update straight to the Kafka
+ * sink's Confluent-framed Avro key and value, in one C call per change.
+ *
+ * Role: the Kafka sink's hot path. The Python path decodes each column's text into a
+ * Python value (typemap), builds a Modification, then writes the Avro envelope and key
+ * from those values (avro.TableEncoder): about 7 us of interpreter work per change. The
+ * text PostgreSQL sends already holds everything the Avro bytes need, so this module
+ * walks the message's new TupleData once and writes the bytes directly.
+ *
+ * Contract: the output is byte for byte what TableEncoder.encode_value/encode_key give
+ * (with the wire headers) for the same change; tests/changelog/test_avro_native.py checks
+ * it against the Python path on values a real PostgreSQL sent. Whatever this code does
+ * not handle exactly (an old tuple, a binary or unchanged-TOAST value, a text form it
+ * does not expect, a value outside its Avro type) makes it return None: "decline", and
+ * the caller takes the Python path, which writes the record or reports the problem. It
+ * never raises for a value, only for arguments of the wrong type.
+ *
+ * The plan (compile_plan) is built once per table shape by avro_native.py from the
+ * table's Avro row record: one kind per column (see Kind) and the key's column order.
+ *
+ * The text forms parsed here are those of pg2sink's replication session
+ * (config.REPLICATION_SESSION_SETTINGS: DateStyle=ISO, TimeZone=UTC,
+ * extra_float_digits=3, bytea_output=hex); anything else declines.
+ *
+ * Layouts: TupleData in pg2sink/logical/decoder.py; Avro binary encoding in
+ * https://avro.apache.org/docs/1.11.1/specification/#binary-encoding (zig-zag varints,
+ * length-prefixed bytes/strings, a union as its branch index then the value).
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+/* Column kinds of a plan; the numbers are avro_native.py's Kind values. */
+enum Kind {
+    K_BOOLEAN = 1,     /* boolean: 't' / 'f' */
+    K_INT = 2,         /* int: int2, int4 (decimal text) */
+    K_LONG = 3,        /* long: int8, oid, xid, cid */
+    K_STRING = 4,      /* string: the text unchanged (valid UTF-8) */
+    K_BYTES = 5,       /* bytes: bytea's '\x' hex text */
+    K_FLOAT = 6,       /* float: float4 */
+    K_DOUBLE = 7,      /* double: float8 */
+    K_DECIMAL = 8,     /* bytes decimal(p,s): numeric(p,s) */
+    K_DATE = 9,        /* int date: 'YYYY-MM-DD' */
+    K_TIME = 10,       /* long time-micros: 'HH:MM:SS[.f]' */
+    K_TIMESTAMP = 11,  /* long local-timestamp-micros: 'YYYY-MM-DD HH:MM:SS[.f]' */
+    K_TIMESTAMPTZ = 12 /* long timestamp-micros: the same, then '+00' */
+};
+
+typedef struct {
+    int kind;
+    int precision; /* K_DECIMAL only */
+    int scale;     /* K_DECIMAL only, 0 <= scale */
+    uint64_t bound; /* K_DECIMAL only: 10^max(precision, 1), 0 from 19 digits on */
+} Column;
+
+typedef struct {
+    Py_ssize_t ncols;
+    Py_ssize_t nkey; /* -1: the table has no key */
+    Column *cols;
+    Py_ssize_t *key;   /* column index of each key field, in key order */
+    Py_ssize_t *spans; /* scratch: start and end of each column's bytes in the value */
+} Plan;
+
+static const char PLAN_NAME[] = "pg2sink.changelog._avro_native.Plan";
+
+/* --- output buffer ------------------------------------------------------------------
+ * One growing buffer for the whole module: every call holds the GIL and calls no Python
+ * code while writing, so no two calls ever use it at once. */
+
+static char *out_buf = NULL;
+static size_t out_cap = 0;
+
+static int
+reserve(size_t need)
+{
+    if (need <= out_cap)
+        return 0;
+    size_t cap = out_cap ? out_cap : 4096;
+    while (cap < need)
+        cap *= 2;
+    char *p = PyMem_Realloc(out_buf, cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    out_buf = p;
+    out_cap = cap;
+    return 0;
+}
+
+/* Avro long: zig-zag, then 7 bits per byte, low first. At most 10 bytes. */
+static inline size_t
+put_long(char *p, int64_t n)
+{
+    uint64_t zz = ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
+    size_t i = 0;
+    while (zz >= 0x80) {
+        p[i++] = (char)((zz & 0x7F) | 0x80);
+        zz >>= 7;
+    }
+    p[i++] = (char)zz;
+    return i;
+}
+
+/* --- text parsers: each returns 0 and the value, or -1 to decline ------------------- */
+
+static inline int
+is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* int2/int4/int8out: an optional '-' and digits. */
+static int
+parse_int64(const char *s, Py_ssize_t n, int64_t *out)
+{
+    Py_ssize_t i = 0;
+    int neg = 0;
+    if (n > 0 && s[0] == '-') {
+        neg = 1;
+        i = 1;
+    }
+    if (i == n || n - i > 19)
+        return -1;
+    uint64_t v = 0;
+    for (; i < n; i++) {
+        if (!is_digit(s[i]))
+            return -1;
+        v = v * 10 + (uint64_t)(s[i] - '0'); /* 19 digits cannot wrap a uint64 */
+    }
+    if (neg) {
+        if (v > (uint64_t)INT64_MAX + 1)
+            return -1;
+        *out = (int64_t)(0 - v);
+    }
+    else {
+        if (v > (uint64_t)INT64_MAX)
+            return -1;
+        *out = (int64_t)v;
+    }
+    return 0;
+}
+
+/* n digits at s as a number; -1 if any is not a digit. */
+static inline int
+digits(const char *s, int n)
+{
+    int v = 0;
+    for (int i = 0; i < n; i++) {
+        if (!is_digit(s[i]))
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v;
+}
+
+static int
+is_leap(int y)
+{
+    return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+}
+
+/* Days from 1970-01-01 to y-m-d in the proleptic Gregorian calendar (as Python's date
+ * and PostgreSQL count); H. Hinnant's days_from_civil. */
+static int64_t
+days_from_civil(int y, int m, int d)
+{
+    y -= m <= 2;
+    const int64_t era = (y >= 0 ? y : y - 399) / 400;
+    const int64_t yoe = y - era * 400;
+    const int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+/* DateStyle=ISO: 'YYYY-MM-DD' for years 1..9999 AD; BC ('... BC'), years above 9999 and
+ * infinity have other lengths or forms and decline (Python writes them as strings). */
+static int
+parse_date(const char *s, Py_ssize_t n, int64_t *days)
+{
+    static const int month_days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (n != 10 || s[4] != '-' || s[7] != '-')
+        return -1;
+    int y = digits(s, 4), m = digits(s + 5, 2), d = digits(s + 8, 2);
+    if (y < 1 || m < 1 || m > 12 || d < 1)
+        return -1;
+    if (d > month_days[m - 1] + (m == 2 && is_leap(y)))
+        return -1;
+    *days = days_from_civil(y, m, d);
+    return 0;
+}
+
+/* time_out: 'HH:MM:SS', then '.' and 1 to 6 digits (trailing zeros dropped) when the
+ * seconds have a fraction. '24:00:00' declines (Python has no such time). */
+static int
+parse_time(const char *s, Py_ssize_t n, int64_t *micros)
+{
+    if (n < 8 || s[2] != ':' || s[5] != ':')
+        return -1;
+    int h = digits(s, 2), m = digits(s + 3, 2), sec = digits(s + 6, 2);
+    if (h < 0 || h > 23 || m < 0 || m > 59 || sec < 0 || sec > 59)
+        return -1;
+    int64_t frac = 0;
+    if (n > 8) {
+        Py_ssize_t f = n - 9;
+        if (s[8] != '.' || f < 1 || f > 6)
+            return -1;
+        int v = digits(s + 9, (int)f);
+        if (v < 0)
+            return -1;
+        frac = v;
+        for (Py_ssize_t i = f; i < 6; i++)
+            frac *= 10;
+    }
+    *micros = ((int64_t)(h * 60 + m) * 60 + sec) * 1000000 + frac;
+    return 0;
+}
+
+/* 'YYYY-MM-DD HH:MM:SS[.f]': microseconds since 1970-01-01 00:00:00. */
+static int
+parse_timestamp(const char *s, Py_ssize_t n, int64_t *micros)
+{
+    int64_t days, tod;
+    if (n < 19 || s[10] != ' ')
+        return -1;
+    if (parse_date(s, 10, &days) < 0 || parse_time(s + 11, n - 11, &tod) < 0)
+        return -1;
+    *micros = days * 86400 * 1000000 + tod;
+    return 0;
+}
+
+/* Strict UTF-8, as bytes.decode() checks it: no overlong forms, no surrogates, nothing
+ * above U+10FFFF. */
+static int
+valid_utf8(const unsigned char *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n) {
+        /* ASCII runs 8 bytes at a time: most text is ASCII */
+        while (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (w & 0x8080808080808080ULL)
+                break;
+            i += 8;
+        }
+        if (i >= n)
+            break;
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        Py_ssize_t len;
+        unsigned char lo = 0x80, hi = 0xBF; /* range of the second byte */
+        if (c >= 0xC2 && c <= 0xDF)
+            len = 2;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            len = 3;
+            if (c == 0xE0)
+                lo = 0xA0; /* overlong */
+            else if (c == 0xED)
+                hi = 0x9F; /* surrogates */
+        }
+        else if (c >= 0xF0 && c <= 0xF4) {
+            len = 4;
+            if (c == 0xF0)
+                lo = 0x90; /* overlong */
+            else if (c == 0xF4)
+                hi = 0x8F; /* above U+10FFFF */
+        }
+        else
+            return -1;
+        if (i + len > n || s[i + 1] < lo || s[i + 1] > hi)
+            return -1;
+        for (Py_ssize_t k = 2; k < len; k++)
+            if ((s[i + k] & 0xC0) != 0x80)
+                return -1;
+        i += len;
+    }
+    return 0;
+}
+
+static inline int
+hex_value(unsigned char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* float4out/float8out with extra_float_digits=3: the shortest text that reads back
+ * exactly, or NaN, Infinity, -Infinity. Read with PyOS_string_to_double, the function
+ * float() itself uses (correctly rounded, locale-independent), so the double is the one
+ * the Python path packs. */
+static int
+parse_double(const char *s, Py_ssize_t n, double *out)
+{
+    char buf[64];
+    if (n < 1 || n >= (Py_ssize_t)sizeof(buf))
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char c = s[i];
+        /* digits, sign, point, exponent, and the letters of NaN/Infinity only: float()
+         * also takes spaces and underscores, which PostgreSQL never prints */
+        if (!(is_digit(c) || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E' ||
+              c == 'N' || c == 'a' || c == 'I' || c == 'n' || c == 'f' || c == 'i' ||
+              c == 't' || c == 'y'))
+            return -1;
+    }
+    memcpy(buf, s, (size_t)n);
+    buf[n] = '\0';
+    char *end = NULL;
+    double v = PyOS_string_to_double(buf, &end, NULL);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (end != buf + n)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* numeric_out of a numeric(p,s) value: '-'? digits ('.' digits)?, as the unscaled
+ * integer of Avro decimal(precision, scale). Declines what the Python path would not
+ * write as a decimal (NaN, Infinity: the "string" branch; more non-zero decimals than
+ * the scale or more digits than the precision: an error) and what does not fit int64. */
+static int
+parse_decimal(const char *s, Py_ssize_t n, const Column *col, int64_t *out)
+{
+    const int scale = col->scale;
+    Py_ssize_t i = 0;
+    int neg = 0;
+    if (n > 0 && s[0] == '-') {
+        neg = 1;
+        i = 1;
+    }
+    const uint64_t limit = (uint64_t)INT64_MAX + (uint64_t)neg;
+    uint64_t v = 0;
+    Py_ssize_t start = i;
+    for (; i < n && is_digit(s[i]); i++) {
+        if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, s[i] - '0', &v))
+            return -1;
+    }
+    if (i == start)
+        return -1;
+    int decimals = 0;
+    if (i < n) {
+        if (s[i] != '.' || i + 1 == n)
+            return -1;
+        for (i++; i < n; i++) {
+            if (!is_digit(s[i]))
+                return -1;
+            if (decimals < scale) {
+                if (__builtin_mul_overflow(v, 10, &v) ||
+                    __builtin_add_overflow(v, s[i] - '0', &v))
+                    return -1;
+                decimals++;
+            }
+            else if (s[i] != '0')
+                return -1; /* would need rounding */
+        }
+    }
+    for (; decimals < scale; decimals++)
+        if (__builtin_mul_overflow(v, 10, &v))
+            return -1;
+    if (v > limit)
+        return -1;
+    /* |unscaled| < 10^precision (at least 10); from 19 digits on any int64 is below */
+    if (col->bound && v >= col->bound)
+        return -1;
+    *out = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return 0;
+}
+
+/* The unscaled value as Python's n.to_bytes((n.bit_length() + 8) // 8, 'big',
+ * signed=True) writes it (bit_length of |n|). Returns the number of bytes (1..9). */
+static int
+put_decimal_bytes(unsigned char *p, int64_t n)
+{
+    uint64_t mag = n < 0 ? 0 - (uint64_t)n : (uint64_t)n;
+    int bits = mag ? 64 - __builtin_clzll(mag) : 0;
+    int len = (bits + 8) / 8;
+    for (int k = 0; k < len; k++) {
+        int shift = 8 * (len - 1 - k);
+        p[k] = shift >= 64 ? (n < 0 ? 0xFF : 0x00) : (unsigned char)((uint64_t)n >> shift);
+    }
+    return len;
+}
+
+/* --- one column value: its Avro union branch 1 (byte 2) and the value -------------- */
+
+/* Worst-case bytes of a column's encoding, beyond its text length: branch, a 10-byte
+ * length varint, 8 bytes of double, 9 of decimal. */
+#define VALUE_SLACK 32
+
+/* Writes the encoding of a non-null text value at p; returns its length or -1 to
+ * decline. The buffer has room for n + VALUE_SLACK bytes. */
+static Py_ssize_t
+put_value(char *p, const Column *col, const char *s, Py_ssize_t n)
+{
+    int64_t v;
+    double d;
+    char *q = p;
+    *q++ = 2; /* union branch 1: T (["null", T] or ["null", T, "string"]) */
+    switch (col->kind) {
+    case K_BOOLEAN:
+        if (n != 1 || (s[0] != 't' && s[0] != 'f'))
+            return -1;
+        *q++ = s[0] == 't';
+        break;
+    case K_INT:
+        if (parse_int64(s, n, &v) < 0 || v < INT32_MIN || v > INT32_MAX)
+            return -1;
+        q += put_long(q, v);
+        break;
+    case K_LONG:
+        if (parse_int64(s, n, &v) < 0)
+            return -1;
+        q += put_long(q, v);
+        break;
+    case K_STRING:
+        if (valid_utf8((const unsigned char *)s, n) < 0)
+            return -1;
+        q += put_long(q, n);
+        memcpy(q, s, (size_t)n);
+        q += n;
+        break;
+    case K_BYTES: {
+        /* bytea_output=hex: '\x' then two hex digits per byte */
+        if (n < 2 || s[0] != '\\' || s[1] != 'x' || (n & 1))
+            return -1;
+        Py_ssize_t len = (n - 2) / 2;
+        q += put_long(q, len);
+        for (Py_ssize_t k = 0; k < len; k++) {
+            int h = hex_value((unsigned char)s[2 + 2 * k]);
+            int l = hex_value((unsigned char)s[3 + 2 * k]);
+            if (h < 0 || l < 0)
+                return -1;
+            *q++ = (char)(h << 4 | l);
+        }
+        break;
+    }
+    case K_FLOAT:
+        /* struct.pack('<f', float(text)): PyFloat_Pack4 is what struct calls, its
+         * overflow check included */
+        if (parse_double(s, n, &d) < 0)
+            return -1;
+        if (PyFloat_Pack4(d, q, 1) < 0) {
+            PyErr_Clear();
+            return -1;
+        }
+        q += 4;
+        break;
+    case K_DOUBLE:
+        if (parse_double(s, n, &d) < 0)
+            return -1;
+        if (PyFloat_Pack8(d, q, 1) < 0) {
+            PyErr_Clear();
+            return -1;
+        }
+        q += 8;
+        break;
+    case K_DECIMAL: {
+        unsigned char bytes[9];
+        if (parse_decimal(s, n, col, &v) < 0)
+            return -1;
+        int len = put_decimal_bytes(bytes, v);
+        q += put_long(q, len);
+        memcpy(q, bytes, (size_t)len);
+        q += len;
+        break;
+    }
+    case K_DATE:
+        if (parse_date(s, n, &v) < 0)
+            return -1;
+        q += put_long(q, v);
+        break;
+    case K_TIME:
+        if (parse_time(s, n, &v) < 0)
+            return -1;
+        q += put_long(q, v);
+        break;
+    case K_TIMESTAMP:
+        if (parse_timestamp(s, n, &v) < 0)
+            return -1;
+        q += put_long(q, v);
+        break;
+    case K_TIMESTAMPTZ:
+        /* TimeZone=UTC: every value ends in '+00' */
+        if (n < 3 || memcmp(s + n - 3, "+00", 3) != 0 || parse_timestamp(s, n - 3, &v) < 0)
+            return -1;
+        q += put_long(q, v);
+        break;
+    default:
+        return -1;
+    }
+    return q - p;
+}
+
+/* --- the plan ------------------------------------------------------------------------ */
+
+static void
+plan_free(PyObject *capsule)
+{
+    Plan *plan = PyCapsule_GetPointer(capsule, PLAN_NAME);
+    if (plan == NULL)
+        return;
+    PyMem_Free(plan->cols);
+    PyMem_Free(plan->key);
+    PyMem_Free(plan->spans);
+    PyMem_Free(plan);
+}
+
+PyDoc_STRVAR(compile_plan_doc,
+             "compile_plan(columns, key) -> plan\n\n"
+             "columns: a sequence of (kind, precision, scale), one per column of the "
+             "table in order (kinds: avro_native.Kind); key: the column index of each key "
+             "field in key order, or None for a table without key. The plan is opaque.");
+
+static PyObject *
+compile_plan(PyObject *self, PyObject *args)
+{
+    PyObject *columns, *key;
+    if (!PyArg_ParseTuple(args, "OO:compile_plan", &columns, &key))
+        return NULL;
+    PyObject *cols_seq = PySequence_Fast(columns, "columns must be a sequence");
+    if (cols_seq == NULL)
+        return NULL;
+    PyObject *key_seq = NULL;
+    Plan *plan = PyMem_Calloc(1, sizeof(Plan));
+    if (plan == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    plan->ncols = PySequence_Fast_GET_SIZE(cols_seq);
+    if (plan->ncols > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "too many columns");
+        goto fail;
+    }
+    plan->cols = PyMem_Calloc((size_t)plan->ncols + 1, sizeof(Column));
+    plan->spans = PyMem_Calloc(2 * (size_t)plan->ncols + 1, sizeof(Py_ssize_t));
+    if (plan->cols == NULL || plan->spans == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < plan->ncols; i++) {
+        Column *c = &plan->cols[i];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(cols_seq, i), "iii", &c->kind,
+                              &c->precision, &c->scale))
+            goto fail;
+        if (c->kind < K_BOOLEAN || c->kind > K_TIMESTAMPTZ || c->scale < 0 ||
+            c->precision < 0) {
+            PyErr_Format(PyExc_ValueError, "invalid plan column %zd", i);
+            goto fail;
+        }
+        if (c->kind == K_DECIMAL && c->precision < 19) {
+            c->bound = 1;
+            for (int k = 0; k < (c->precision > 1 ? c->precision : 1); k++)
+                c->bound *= 10;
+        }
+    }
+    plan->nkey = -1;
+    if (key != Py_None) {
+        key_seq = PySequence_Fast(key, "key must be a sequence or None");
+        if (key_seq == NULL)
+            goto fail;
+        plan->nkey = PySequence_Fast_GET_SIZE(key_seq);
+        plan->key = PyMem_Calloc((size_t)plan->nkey + 1, sizeof(Py_ssize_t));
+        if (plan->key == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t k = 0; k < plan->nkey; k++) {
+            Py_ssize_t index = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(key_seq, k), NULL);
+            if (index == -1 && PyErr_Occurred())
+                goto fail;
+            if (index < 0 || index >= plan->ncols) {
+                PyErr_Format(PyExc_ValueError, "key column %zd out of range", index);
+                goto fail;
+            }
+            plan->key[k] = index;
+        }
+    }
+    Py_DECREF(cols_seq);
+    Py_XDECREF(key_seq);
+    PyObject *capsule = PyCapsule_New(plan, PLAN_NAME, plan_free);
+    if (capsule == NULL) {
+        PyMem_Free(plan->cols);
+        PyMem_Free(plan->key);
+        PyMem_Free(plan->spans);
+        PyMem_Free(plan);
+    }
+    return capsule;
+fail:
+    if (plan != NULL) {
+        PyMem_Free(plan->cols);
+        PyMem_Free(plan->key);
+        PyMem_Free(plan->spans);
+        PyMem_Free(plan);
+    }
+    Py_DECREF(cols_seq);
+    Py_XDECREF(key_seq);
+    return NULL;
+}
+
+/* --- encode_new_row ------------------------------------------------------------------ */
+
+PyDoc_STRVAR(
+    encode_new_row_doc,
+    "encode_new_row(data, plan, key_header, head, sequence, lsn, mid, tail)\n"
+    "    -> (key | None, value) | None\n\n"
+    "data: an Insert or Update message (pgoutput, protocol 1). value = head + "
+    "long(sequence) + long(lsn) + mid + the new row's record + tail; key = key_header + "
+    "the key record (None for a table without key). None: declined, take the Python "
+    "path.");
+
+static inline uint32_t
+be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static PyObject *
+encode_new_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "encode_new_row takes 8 arguments");
+        return NULL;
+    }
+    PyObject *data = args[0], *key_header = args[2], *head = args[3], *mid = args[6],
+             *tail = args[7];
+    if (!PyBytes_CheckExact(data) || !PyBytes_CheckExact(key_header) ||
+        !PyBytes_CheckExact(head) || !PyBytes_CheckExact(mid) || !PyBytes_CheckExact(tail)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_new_row: data, key_header, head, mid, tail must be bytes");
+        return NULL;
+    }
+    Plan *plan = PyCapsule_GetPointer(args[1], PLAN_NAME);
+    if (plan == NULL)
+        return NULL;
+    int overflow = 0;
+    long long sequence = PyLong_AsLongLongAndOverflow(args[4], &overflow);
+    if (sequence == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow)
+        Py_RETURN_NONE;
+    long long lsn = PyLong_AsLongLongAndOverflow(args[5], &overflow);
+    if (lsn == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow)
+        Py_RETURN_NONE;
+
+    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(data);
+    const Py_ssize_t n = PyBytes_GET_SIZE(data);
+    /* 'I' or 'U', Int32 relation id, 'N' (an Update with an old tuple has 'K' or 'O'
+     * here: declined), Int16 column count */
+    if (n < 8 || (s[0] != 'I' && s[0] != 'U') || s[5] != 'N' ||
+        (Py_ssize_t)((unsigned)s[6] << 8 | s[7]) != plan->ncols)
+        Py_RETURN_NONE;
+
+    const Py_ssize_t head_n = PyBytes_GET_SIZE(head), mid_n = PyBytes_GET_SIZE(mid),
+                     tail_n = PyBytes_GET_SIZE(tail);
+    /* the row's encoding is at most its texts plus VALUE_SLACK per column */
+    if (reserve((size_t)(head_n + 20 + mid_n + n + VALUE_SLACK * plan->ncols + tail_n)) < 0)
+        return NULL;
+    char *p = out_buf;
+    memcpy(p, PyBytes_AS_STRING(head), (size_t)head_n);
+    p += head_n;
+    p += put_long(p, sequence);
+    p += put_long(p, lsn);
+    memcpy(p, PyBytes_AS_STRING(mid), (size_t)mid_n);
+    p += mid_n;
+
+    Py_ssize_t off = 8;
+    Py_ssize_t *spans = plan->spans;
+    for (Py_ssize_t i = 0; i < plan->ncols; i++) {
+        if (off >= n)
+            Py_RETURN_NONE;
+        const unsigned char kind = s[off];
+        spans[2 * i] = p - out_buf;
+        if (kind == 't') {
+            if (off + 5 > n)
+                Py_RETURN_NONE;
+            const Py_ssize_t len = (Py_ssize_t)be32(s + off + 1);
+            const Py_ssize_t start = off + 5;
+            if (len > n - start)
+                Py_RETURN_NONE;
+            const Py_ssize_t w = put_value(p, &plan->cols[i], (const char *)s + start, len);
+            if (w < 0)
+                Py_RETURN_NONE;
+            p += w;
+            off = start + len;
+        }
+        else if (kind == 'n') {
+            *p++ = 0; /* union branch 0: null */
+            off++;
+        }
+        else {
+            /* 'u' (unchanged TOAST: listed in unchanged_toast) or 'b' (binary) */
+            Py_RETURN_NONE;
+        }
+        spans[2 * i + 1] = p - out_buf;
+    }
+    if (off != n)
+        Py_RETURN_NONE; /* trailing bytes */
+    memcpy(p, PyBytes_AS_STRING(tail), (size_t)tail_n);
+    p += tail_n;
+
+    PyObject *value = PyBytes_FromStringAndSize(out_buf, p - out_buf);
+    if (value == NULL)
+        return NULL;
+    PyObject *key;
+    if (plan->nkey < 0) {
+        key = Py_NewRef(Py_None);
+    }
+    else {
+        /* the key record: the key columns' encodings, copied from the value */
+        Py_ssize_t key_n = PyBytes_GET_SIZE(key_header);
+        for (Py_ssize_t k = 0; k < plan->nkey; k++) {
+            Py_ssize_t c = plan->key[k];
+            key_n += spans[2 * c + 1] - spans[2 * c];
+        }
+        key = PyBytes_FromStringAndSize(NULL, key_n);
+        if (key == NULL) {
+            Py_DECREF(value);
+            return NULL;
+        }
+        char *kp = PyBytes_AS_STRING(key);
+        memcpy(kp, PyBytes_AS_STRING(key_header), (size_t)PyBytes_GET_SIZE(key_header));
+        kp += PyBytes_GET_SIZE(key_header);
+        for (Py_ssize_t k = 0; k < plan->nkey; k++) {
+            Py_ssize_t c = plan->key[k];
+            Py_ssize_t w = spans[2 * c + 1] - spans[2 * c];
+            memcpy(kp, out_buf + spans[2 * c], (size_t)w);
+            kp += w;
+        }
+    }
+    PyObject *result = PyTuple_New(2);
+    if (result == NULL) {
+        Py_DECREF(key);
+        Py_DECREF(value);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(result, 0, key);
+    PyTuple_SET_ITEM(result, 1, value);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"compile_plan", compile_plan, METH_VARARGS, compile_plan_doc},
+    {"encode_new_row", (PyCFunction)(void (*)(void))encode_new_row, METH_FASTCALL,
+     encode_new_row_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "pg2sink.changelog._avro_native",
+    "pgoutput Insert/Update -> Confluent-framed Avro key and value (see avro_native.py).",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__avro_native(void)
+{
+    return PyModule_Create(&module);
+}
