@@ -295,6 +295,53 @@ def test_every_supported_value_gives_the_python_paths_bytes(db: Database) -> Non
     assert isinstance(read, dict) and read["after"]["k"] == 1
 
 
+# 3,000 rows of random values over each type's range (seeded: the same rows every run),
+# NULLs sprinkled in: a wider net than the hand-picked values above
+RANDOM_ROWS = """
+    SELECT setseed(0.42);
+    INSERT INTO t (k, i2, i4, i8, b, t, vc, by, u, jb, f4, f8, n102, n180, n3810, nu,
+                   d, tm, ts, tstz)
+    SELECT g,
+        (random() * 65535 - 32768)::int2,
+        (random() * 4294967295 - 2147483648)::int8::int4,
+        ((random() - 0.5) * 1.8e19)::numeric::int8,
+        CASE WHEN g % 11 = 0 THEN NULL ELSE random() < 0.5 END,
+        repeat(chr(33 + g % 90), g % 7) || repeat(chr(160 + (g * 7919) % 30000), g % 50)
+            || repeat(chr(128512 + g % 80), g % 3),
+        CASE WHEN g % 13 = 0 THEN NULL ELSE left(md5(g::text), g % 21) END,
+        decode(repeat(md5(g::text), g % 5), 'hex'),
+        md5(g::text)::uuid,
+        jsonb_build_object('g', g, 'r', random(), 's', chr(200 + g % 500)),
+        ((random() - 0.5) * 10 ^ (random() * 70 - 35))::float4,
+        (random() - 0.5) * 10 ^ (random() * 600 - 300),
+        round(((random() - 0.5) * 1.999e8)::numeric, 2),
+        ((random() - 0.5) * 1.9e18)::numeric(18, 0),
+        round(((random() - 0.5) * 1.8e9)::numeric, 10),
+        CASE WHEN g % 7 = 0 THEN NULL
+            ELSE ((random() - 0.5) * 10 ^ (random() * 40 - 20))::numeric END,
+        date '0001-01-01' + (random() * 3652058)::int,
+        time '00:00' + random() * interval '23 hours 59 minutes',
+        timestamp '0001-01-01' + random() * (timestamp '9999-12-30' - timestamp '0001-01-01'),
+        timestamptz '0001-01-02 00:00+00'
+            + random() * (timestamptz '9999-12-30+00' - timestamptz '0001-01-02+00')
+    FROM generate_series(1, 3000) AS g
+"""
+
+
+def test_random_values_give_the_python_paths_bytes(db: Database) -> None:
+    conn = _session(db)
+    conn.execute(TYPES)
+    _start(conn, db)
+    conn.execute(RANDOM_ROWS)
+    conn.execute("UPDATE t SET t = t || 'ü', f8 = -f8, d = d - 1 WHERE k % 3 = 0")
+    schemas, changes = _changes(conn, db)
+    ((encoder, native),) = _encoders(schemas).values()
+    assert len(changes) == 4000
+    for change in changes:
+        expected = _python_path(encoder, change.modification)
+        assert _native(native, change) == expected, change.modification.after
+
+
 def test_declines_what_it_does_not_write_exactly(db: Database) -> None:
     conn = _session(db)
     conn.execute(TYPES)
