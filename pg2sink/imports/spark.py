@@ -65,7 +65,13 @@ from pg2sink.imports.writers import (
     wait_acknowledged,
 )
 
-__all__ = ["ImportSinkConfig", "ImportTask", "SparkRunner", "default_jdbc_driver"]
+__all__ = [
+    "ImportSinkConfig",
+    "ImportTask",
+    "SparkRunner",
+    "default_jdbc_driver",
+    "text_query",
+]
 
 log = logging.getLogger(__name__)
 
@@ -296,31 +302,36 @@ class SparkRunner:
         )
 
     def _query(self, conn: psycopg.Connection[TupleRow], task: ImportTask, number: int) -> str:
-        plan = task.plan
-        function_cast = _function_casts(conn, plan)
-        items = []
-        for i, column in enumerate(plan.columns):
-            ident = sql.Identifier(column.name)
-            expr: sql.Composable
-            if column.type_oid == BOOL_OID:
-                # what boolout prints, without format()'s per-call parsing
-                expr = sql.SQL("CASE WHEN {c} THEN 't' WHEN NOT {c} THEN 'f' END").format(c=ident)
-            elif column.name in function_cast:
-                # format() prints with the output function; NULL stays NULL
-                expr = sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END").format(
-                    c=ident
-                )
-            else:
-                expr = sql.SQL("{}::text").format(ident)
-            items.append(sql.SQL("{} AS {}").format(expr, sql.Identifier(f"c{i}")))
-        # The predicate is SQL text that plan_import rendered (and the job store kept):
-        # built from identifiers and literals, never from user input.
-        query = sql.SQL("SELECT {} FROM {} WHERE {}").format(
-            sql.SQL(", ").join(items),
-            sql.Identifier(plan.schema, plan.table),
-            sql.SQL(plan.predicates[number]),
-        )
-        return query.as_string(conn)
+        return text_query(conn, task.plan, task.plan.predicates[number])
+
+
+def text_query(conn: psycopg.Connection[TupleRow], plan: ImportPlan, predicate: str) -> str:
+    """`SELECT <each column as the text its output function prints> AS c<i> FROM table
+    WHERE predicate`: what a partition's JDBC scan reads (see the module docstring)."""
+    function_cast = _function_casts(conn, plan)
+    items = []
+    for i, column in enumerate(plan.columns):
+        ident = sql.Identifier(column.name)
+        expr: sql.Composable
+        if column.type_oid == BOOL_OID:
+            # what boolout prints, without format()'s per-call parsing
+            expr = sql.SQL("CASE WHEN {c} THEN 't' WHEN NOT {c} THEN 'f' END").format(c=ident)
+        elif column.name in function_cast:
+            # format() prints with the output function; NULL stays NULL
+            expr = sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END").format(
+                c=ident
+            )
+        else:
+            expr = sql.SQL("{}::text").format(ident)
+        items.append(sql.SQL("{} AS {}").format(expr, sql.Identifier(f"c{i}")))
+    # The predicate is SQL text that plan_import rendered (and the job store kept):
+    # built from identifiers and literals, never from user input.
+    query = sql.SQL("SELECT {} FROM {} WHERE {}").format(
+        sql.SQL(", ").join(items),
+        sql.Identifier(plan.schema, plan.table),
+        sql.SQL(predicate),
+    )
+    return query.as_string(conn)
 
 
 def _function_casts(conn: psycopg.Connection[TupleRow], plan: ImportPlan) -> set[str]:

@@ -8,11 +8,14 @@ stream writes), writes IMPORT Modifications to the sink itself, makes them durab
 and only then marks the partition done in the job store. Nothing is sent back to
 the driver but one (partition, rows) row.
 
-File sink (`FileWriter`): whole JSON lines, appended in batches of about a megabyte
-with one os.write per batch to a descriptor opened with O_APPEND, then fsync. The
-stream's FileSink appends whole lines the same way, so both write to the same file
-and lines never tear (see sinks/file.py). The line of a Modification is the one the
-stream writes (same keys, same order); its constant parts are encoded once.
+File sink (`FileWriter`): whole JSON lines, appended at least a megabyte (or one
+Arrow batch) at a time with one os.write to a descriptor opened with O_APPEND, then
+fsync. The stream's FileSink appends whole lines the same way, so both write to the
+same file and lines never tear (see sinks/file.py). The line of a Modification is the
+one the stream writes (same keys, same order); its constant parts are encoded once.
+A batch's lines are built column-wise by Arrow kernels (imports/lines.py, no Python
+object per value for the common types); the reference path (`reference_lines`: rows
+of the stream's Python values, one orjson call) takes a batch Arrow cannot build.
 
 Kafka sink (`KafkaWriter`): a KafkaSink of its own per task (the stream's producer
 settings: idempotent, acks=all, the user's --kafka-config), keyed by primary key and
@@ -48,6 +51,7 @@ from pg2sink.errors import SinkError
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
+    from pg2sink.imports.lines import LineBuilder
     from pg2sink.sinks.base import Sink
 
 __all__ = [
@@ -205,14 +209,14 @@ class BatchDecoder:
                 else:
                     values = [None if v is None else convert(v) for v in values]
             except Exception:
-                self._fail(batch)
+                self.fail(batch)
                 raise
             columns.append(values)
         if not columns:
             return iter([{} for _ in range(batch.num_rows)])
         return map(self._make_row, *columns)
 
-    def _fail(self, batch: pa.RecordBatch) -> None:
+    def fail(self, batch: pa.RecordBatch) -> None:
         """Decode the batch row by row with RowDecoder: raises the precise DecodeError."""
         columns = [
             [None if v is None else v.encode() for v in c.to_pylist()] for c in batch.columns
@@ -248,7 +252,9 @@ def _bytes_type(string_type: pa.DataType) -> pa.DataType:
 class FileWriter:
     """Appends a partition's rows to the JSON-lines file; see the module docstring."""
 
-    def __init__(self, job: PartitionJob) -> None:
+    def __init__(self, job: PartitionJob, *, vectorised: bool = True) -> None:
+        """`vectorised`: build the lines with Arrow kernels (imports.lines); False keeps
+        every batch on the reference path (rows of Python values, one orjson call)."""
         self.path = job.sink.file_path
         self._decoder = BatchDecoder(job)
         s = job.schema
@@ -274,6 +280,13 @@ class FileWriter:
         names = self._decoder.names
         #: how each row object starts: '{"<first column>":'
         self._row_start = b"{" + dumps(names[0]) + b":" if names else b"{"
+        self._lines: LineBuilder | None = None
+        if vectorised:
+            from pg2sink.imports.lines import LineBuilder
+
+            self._lines = LineBuilder(
+                names, job.converters(), self._head, self._middle, self._decoder.fail
+            )
         self.rows = 0
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> int:
@@ -292,7 +305,48 @@ class FileWriter:
         return self.rows
 
     def _write(self, fd: int, batches: Iterator[pa.RecordBatch]) -> None:
-        """A batch's rows are encoded by one orjson call, then cut into lines.
+        """Each batch's lines from the LineBuilder (or the reference path), gathered up to
+        WRITE_BYTES, then appended with one write."""
+        seq = self.rows
+        pending: list[bytes | memoryview] = []
+        size = 0
+        for batch in batches:
+            n = batch.num_rows
+            if not n:
+                continue
+            data: bytes | memoryview | None = None
+            if self._lines is not None:
+                data = self._vectorised_lines(batch, seq)
+            if data is None:
+                data = self.reference_lines(batch, seq)
+            pending.append(data)
+            size += len(data)
+            seq += n
+            if size >= WRITE_BYTES:
+                append_lines(fd, pending[0] if len(pending) == 1 else b"".join(pending))
+                pending.clear()
+                size = 0
+        if pending:
+            append_lines(fd, pending[0] if len(pending) == 1 else b"".join(pending))
+        self.rows = seq
+
+    def _vectorised_lines(self, batch: pa.RecordBatch, seq: int) -> memoryview | None:
+        """The batch's lines from LineBuilder: a view of the joined array's data buffer
+        (its lines are contiguous); None when Arrow cannot build them (a batch whose lines
+        pass 2 GiB, beyond a string array's 32-bit offsets)."""
+        import pyarrow as pa
+
+        assert self._lines is not None
+        try:
+            lines = self._lines.lines(batch, seq)
+        except (pa.ArrowInvalid, pa.ArrowCapacityError):
+            return None
+        _, offsets, data = lines.buffers()
+        offsets = memoryview(offsets).cast("i")  # a string array's int32 offsets
+        return memoryview(data)[offsets[lines.offset] : offsets[lines.offset + len(lines)]]
+
+    def reference_lines(self, batch: pa.RecordBatch, seq: int) -> bytes:
+        """The batch's lines from rows of Python values: one orjson call, cut into lines.
 
         orjson writes the list of row objects as `[{"id":1,...},{"id":2,...}]`; cutting
         at each `},{"id":` (the first column's key) gives every row's text. That
@@ -301,43 +355,29 @@ class FileWriter:
         hold scalars or arrays). Each line is then the constant envelope around the
         sequence number and the row, joined in one call. The piece count is checked.
         """
-        rows, head, middle, start = self._decoder.rows, self._head, self._middle, self._row_start
-        between = b"}," + start
-        before_row = middle + start
-        end = b"}}\n" + head
-        seq = self.rows
-        pending: list[bytes] = []
-        size = 0
-        for batch in batches:
-            n = batch.num_rows
-            if not n:
-                continue
-            data = orjson.dumps(list(rows(batch)), default=default, option=orjson.OPT_UTC_Z)
-            # (a table without columns: every row is {})
-            pieces = data[1 + len(start) : -2].split(between) if self._decoder.names else [b""] * n
-            if len(pieces) != n:
-                raise SinkError(f"import rows of {self.path!r}: {n} rows made {len(pieces)}")
-            numbers = [b"%d" % i for i in range(seq, seq + n)]
-            lines = b"".join(
-                chain.from_iterable(
-                    zip(numbers, repeat(before_row), pieces, repeat(end), strict=False)
-                )
+        head, middle, start = self._head, self._middle, self._row_start
+        n = batch.num_rows
+        data = orjson.dumps(
+            list(self._decoder.rows(batch)), default=default, option=orjson.OPT_UTC_Z
+        )
+        # (a table without columns: every row is {})
+        pieces = (
+            data[1 + len(start) : -2].split(b"}," + start) if self._decoder.names else [b""] * n
+        )
+        if len(pieces) != n:
+            raise SinkError(f"import rows of {self.path!r}: {n} rows made {len(pieces)}")
+        numbers = [b"%d" % i for i in range(seq, seq + n)]
+        lines = b"".join(
+            chain.from_iterable(
+                zip(numbers, repeat(middle + start), pieces, repeat(b"}}\n" + head), strict=False)
             )
-            # each line's head ends the line before it: the first gets one, the last
-            # gives its own back
-            pending.append(head + lines[: -len(head)])
-            size += len(lines)
-            seq += n
-            if size >= WRITE_BYTES:
-                append_lines(fd, b"".join(pending))
-                pending.clear()
-                size = 0
-        if pending:
-            append_lines(fd, b"".join(pending))
-        self.rows = seq
+        )
+        # each line's head ends the line before it: the first gets one, the last gives
+        # its own back
+        return head + lines[: -len(head)]
 
 
-def append_lines(fd: int, data: bytes) -> None:
+def append_lines(fd: int, data: bytes | memoryview) -> None:
     """One write(2) of whole lines; a regular file takes it whole (O_APPEND: atomically)."""
     view = memoryview(data)
     while view:
