@@ -14,10 +14,11 @@
  * not handle exactly (an old tuple, a binary or unchanged-TOAST value, a text form it
  * does not expect, a value outside its Avro type) makes it return None: "decline", and
  * the caller takes the Python path, which writes the record or reports the problem. It
- * never raises for a value, only for arguments of the wrong type.
+ * never raises for a value, only for a `data` that is not bytes.
  *
- * The plan (compile_plan) is built once per table shape by avro_native.py from the
- * table's Avro row record: one kind per column (see Kind) and the key's column order.
+ * A RowEncoder is made once per table shape by avro_native.py from the table's Avro row
+ * record: one kind per column (see Kind), the key's column order, the wire headers. Its
+ * `encode` is a C method, so a change costs no Python frame of its own.
  *
  * The text forms parsed here are those of pg2sink's replication session
  * (config.REPLICATION_SESSION_SETTINGS: DateStyle=ISO, TimeZone=UTC,
@@ -30,11 +31,12 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <datetime.h>
 
 #include <stdint.h>
 #include <string.h>
 
-/* Column kinds of a plan; the numbers are avro_native.py's Kind values. */
+/* Column kinds; the numbers are avro_native.py's Kind values. */
 enum Kind {
     K_BOOLEAN = 1,     /* boolean: 't' / 'f' */
     K_INT = 2,         /* int: int2, int4 (decimal text) */
@@ -57,15 +59,6 @@ typedef struct {
     uint64_t bound; /* K_DECIMAL only: 10^max(precision, 1), 0 from 19 digits on */
 } Column;
 
-typedef struct {
-    Py_ssize_t ncols;
-    Py_ssize_t nkey; /* -1: the table has no key */
-    Column *cols;
-    Py_ssize_t *key;   /* column index of each key field, in key order */
-    Py_ssize_t *spans; /* scratch: start and end of each column's bytes in the value */
-} Plan;
-
-static const char PLAN_NAME[] = "pg2sink.changelog._avro_native.Plan";
 
 /* --- output buffer ------------------------------------------------------------------
  * One growing buffer for the whole module: every call holds the GIL and calls no Python
@@ -507,60 +500,80 @@ put_value(char *p, const Column *col, const char *s, Py_ssize_t n)
     return q - p;
 }
 
-/* --- the plan ------------------------------------------------------------------------ */
+/* --- RowEncoder: one table shape's encoder ------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t ncols;
+    Py_ssize_t nkey;   /* -1: the table has no key */
+    Column *cols;
+    Py_ssize_t *key;   /* column index of each key field, in key order */
+    Py_ssize_t *spans; /* scratch: start and end of each column's bytes in the value */
+    PyObject *key_header;   /* bytes */
+    PyObject *value_header; /* bytes */
+    PyObject *names;        /* bytes: Avro strings namespace and name */
+    PyObject *epoch;        /* datetime 1970-01-01 UTC */
+    /* the last change's commit time (a new object per transaction) and its Avro long */
+    PyObject *time;
+    int64_t time_micros;
+    /* the last change's operation and its Avro string */
+    PyObject *op;
+    char op_bytes[16];
+    Py_ssize_t op_n;
+} RowEncoder;
 
 static void
-plan_free(PyObject *capsule)
+RowEncoder_dealloc(RowEncoder *self)
 {
-    Plan *plan = PyCapsule_GetPointer(capsule, PLAN_NAME);
-    if (plan == NULL)
-        return;
-    PyMem_Free(plan->cols);
-    PyMem_Free(plan->key);
-    PyMem_Free(plan->spans);
-    PyMem_Free(plan);
+    PyMem_Free(self->cols);
+    PyMem_Free(self->key);
+    PyMem_Free(self->spans);
+    Py_XDECREF(self->key_header);
+    Py_XDECREF(self->value_header);
+    Py_XDECREF(self->names);
+    Py_XDECREF(self->epoch);
+    Py_XDECREF(self->time);
+    Py_XDECREF(self->op);
+    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-PyDoc_STRVAR(compile_plan_doc,
-             "compile_plan(columns, key) -> plan\n\n"
-             "columns: a sequence of (kind, precision, scale), one per column of the "
-             "table in order (kinds: avro_native.Kind); key: the column index of each key "
-             "field in key order, or None for a table without key. The plan is opaque.");
-
-static PyObject *
-compile_plan(PyObject *self, PyObject *args)
+static int
+RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds)
 {
     PyObject *columns, *key;
-    if (!PyArg_ParseTuple(args, "OO:compile_plan", &columns, &key))
-        return NULL;
+    PyObject *key_header, *value_header, *names, *epoch;
+    static char *kwlist[] = {"columns", "key", "key_header", "value_header", "names", "epoch",
+                             NULL};
+    if (self->cols != NULL) {
+        PyErr_SetString(PyExc_TypeError, "RowEncoder is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOSSSO:RowEncoder", kwlist, &columns, &key,
+                                     &key_header, &value_header, &names, &epoch))
+        return -1;
     PyObject *cols_seq = PySequence_Fast(columns, "columns must be a sequence");
     if (cols_seq == NULL)
-        return NULL;
+        return -1;
     PyObject *key_seq = NULL;
-    Plan *plan = PyMem_Calloc(1, sizeof(Plan));
-    if (plan == NULL) {
-        PyErr_NoMemory();
-        goto fail;
-    }
-    plan->ncols = PySequence_Fast_GET_SIZE(cols_seq);
-    if (plan->ncols > 0xFFFF) {
+    self->ncols = PySequence_Fast_GET_SIZE(cols_seq);
+    if (self->ncols > 0xFFFF) {
         PyErr_SetString(PyExc_ValueError, "too many columns");
         goto fail;
     }
-    plan->cols = PyMem_Calloc((size_t)plan->ncols + 1, sizeof(Column));
-    plan->spans = PyMem_Calloc(2 * (size_t)plan->ncols + 1, sizeof(Py_ssize_t));
-    if (plan->cols == NULL || plan->spans == NULL) {
+    self->cols = PyMem_Calloc((size_t)self->ncols + 1, sizeof(Column));
+    self->spans = PyMem_Calloc(2 * (size_t)self->ncols + 1, sizeof(Py_ssize_t));
+    if (self->cols == NULL || self->spans == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
-    for (Py_ssize_t i = 0; i < plan->ncols; i++) {
-        Column *c = &plan->cols[i];
+    for (Py_ssize_t i = 0; i < self->ncols; i++) {
+        Column *c = &self->cols[i];
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(cols_seq, i), "iii", &c->kind,
                               &c->precision, &c->scale))
             goto fail;
         if (c->kind < K_BOOLEAN || c->kind > K_TIMESTAMPTZ || c->scale < 0 ||
             c->precision < 0) {
-            PyErr_Format(PyExc_ValueError, "invalid plan column %zd", i);
+            PyErr_Format(PyExc_ValueError, "invalid column %zd", i);
             goto fail;
         }
         if (c->kind == K_DECIMAL && c->precision < 19) {
@@ -569,60 +582,91 @@ compile_plan(PyObject *self, PyObject *args)
                 c->bound *= 10;
         }
     }
-    plan->nkey = -1;
+    self->nkey = -1;
     if (key != Py_None) {
         key_seq = PySequence_Fast(key, "key must be a sequence or None");
         if (key_seq == NULL)
             goto fail;
-        plan->nkey = PySequence_Fast_GET_SIZE(key_seq);
-        plan->key = PyMem_Calloc((size_t)plan->nkey + 1, sizeof(Py_ssize_t));
-        if (plan->key == NULL) {
+        self->nkey = PySequence_Fast_GET_SIZE(key_seq);
+        self->key = PyMem_Calloc((size_t)self->nkey + 1, sizeof(Py_ssize_t));
+        if (self->key == NULL) {
             PyErr_NoMemory();
             goto fail;
         }
-        for (Py_ssize_t k = 0; k < plan->nkey; k++) {
+        for (Py_ssize_t k = 0; k < self->nkey; k++) {
             Py_ssize_t index = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(key_seq, k), NULL);
             if (index == -1 && PyErr_Occurred())
                 goto fail;
-            if (index < 0 || index >= plan->ncols) {
+            if (index < 0 || index >= self->ncols) {
                 PyErr_Format(PyExc_ValueError, "key column %zd out of range", index);
                 goto fail;
             }
-            plan->key[k] = index;
+            self->key[k] = index;
         }
     }
+    self->key_header = Py_NewRef(key_header);
+    self->value_header = Py_NewRef(value_header);
+    self->names = Py_NewRef(names);
+    self->epoch = Py_NewRef(epoch);
     Py_DECREF(cols_seq);
     Py_XDECREF(key_seq);
-    PyObject *capsule = PyCapsule_New(plan, PLAN_NAME, plan_free);
-    if (capsule == NULL) {
-        PyMem_Free(plan->cols);
-        PyMem_Free(plan->key);
-        PyMem_Free(plan->spans);
-        PyMem_Free(plan);
-    }
-    return capsule;
+    return 0;
 fail:
-    if (plan != NULL) {
-        PyMem_Free(plan->cols);
-        PyMem_Free(plan->key);
-        PyMem_Free(plan->spans);
-        PyMem_Free(plan);
-    }
+    /* freed by dealloc; cols stays set so a second __init__ is refused */
     Py_DECREF(cols_seq);
     Py_XDECREF(key_seq);
-    return NULL;
+    return -1;
 }
 
-/* --- encode_new_row ------------------------------------------------------------------ */
+/* The commit time's Avro long (microseconds since the epoch), computed once per
+ * transaction as TableEncoder does: (commit_time - epoch) // 1 us, exact. */
+static int
+commit_micros(RowEncoder *self, PyObject *commit_time, int64_t *out)
+{
+    if (commit_time == self->time) {
+        *out = self->time_micros;
+        return 0;
+    }
+    PyObject *delta = PyNumber_Subtract(commit_time, self->epoch);
+    if (delta == NULL)
+        return -1;
+    if (!PyDelta_Check(delta)) {
+        Py_DECREF(delta);
+        PyErr_SetString(PyExc_TypeError, "commit time minus epoch is not a timedelta");
+        return -1;
+    }
+    *out = ((int64_t)PyDateTime_DELTA_GET_DAYS(delta) * 86400 +
+            PyDateTime_DELTA_GET_SECONDS(delta)) * 1000000 +
+           PyDateTime_DELTA_GET_MICROSECONDS(delta);
+    Py_DECREF(delta);
+    Py_XSETREF(self->time, Py_NewRef(commit_time));
+    self->time_micros = *out;
+    return 0;
+}
 
-PyDoc_STRVAR(
-    encode_new_row_doc,
-    "encode_new_row(data, plan, key_header, head, sequence, lsn, mid, tail)\n"
-    "    -> (key | None, value) | None\n\n"
-    "data: an Insert or Update message (pgoutput, protocol 1). value = head + "
-    "long(sequence) + long(lsn) + mid + the new row's record + tail; key = key_header + "
-    "the key record (None for a table without key). None: declined, take the Python "
-    "path.");
+/* The operation's Avro string ("INSERT", "UPDATE": Operation is a StrEnum). */
+static int
+operation_bytes(RowEncoder *self, PyObject *op)
+{
+    if (op == self->op)
+        return 0;
+    Py_ssize_t n;
+    const char *text = PyUnicode_Check(op) ? PyUnicode_AsUTF8AndSize(op, &n) : NULL;
+    if (text == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "the operation must be a str (Operation)");
+        return -1;
+    }
+    if (n > 12) {
+        PyErr_SetString(PyExc_ValueError, "operation name too long");
+        return -1;
+    }
+    self->op_n = (Py_ssize_t)put_long(self->op_bytes, n);
+    memcpy(self->op_bytes + self->op_n, text, (size_t)n);
+    self->op_n += n;
+    Py_XSETREF(self->op, Py_NewRef(op));
+    return 0;
+}
 
 static inline uint32_t
 be32(const unsigned char *p)
@@ -630,60 +674,80 @@ be32(const unsigned char *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-static PyObject *
-encode_new_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "encode_new_row takes 8 arguments");
-        return NULL;
-    }
-    PyObject *data = args[0], *key_header = args[2], *head = args[3], *mid = args[6],
-             *tail = args[7];
-    if (!PyBytes_CheckExact(data) || !PyBytes_CheckExact(key_header) ||
-        !PyBytes_CheckExact(head) || !PyBytes_CheckExact(mid) || !PyBytes_CheckExact(tail)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "encode_new_row: data, key_header, head, mid, tail must be bytes");
-        return NULL;
-    }
-    Plan *plan = PyCapsule_GetPointer(args[1], PLAN_NAME);
-    if (plan == NULL)
-        return NULL;
-    int overflow = 0;
-    long long sequence = PyLong_AsLongLongAndOverflow(args[4], &overflow);
-    if (sequence == -1 && PyErr_Occurred())
-        return NULL;
-    if (overflow)
-        Py_RETURN_NONE;
-    long long lsn = PyLong_AsLongLongAndOverflow(args[5], &overflow);
-    if (lsn == -1 && PyErr_Occurred())
-        return NULL;
-    if (overflow)
-        Py_RETURN_NONE;
+PyDoc_STRVAR(
+    encode_doc,
+    "encode(data, commit_time, sequence, lsn, xid, op) -> (key | None, value) | None\n\n"
+    "data: an Insert or Update message (pgoutput, protocol 1), bytes. value = the value "
+    "header and the Modification envelope (timestamp, sequence, lsn, xid, operation, "
+    "namespace, name, before = null, after = the new row, unchanged_toast = [], "
+    "truncate = null); key = the key header and the key record, None for a table without "
+    "key. None: declined, take the Python path.");
 
+static PyObject *
+RowEncoder_encode(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "encode takes 6 arguments");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    if (!PyBytes_CheckExact(data)) {
+        PyErr_SetString(PyExc_TypeError, "encode: data must be bytes");
+        return NULL;
+    }
+    if (self->cols == NULL) {
+        PyErr_SetString(PyExc_TypeError, "RowEncoder not initialised");
+        return NULL;
+    }
+    int64_t values[3]; /* sequence, lsn, xid */
+    for (int k = 0; k < 3; k++) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(args[2 + k], &overflow);
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        if (overflow)
+            Py_RETURN_NONE; /* beyond an Avro long: the Python path says so */
+        values[k] = v;
+    }
     const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(data);
     const Py_ssize_t n = PyBytes_GET_SIZE(data);
     /* 'I' or 'U', Int32 relation id, 'N' (an Update with an old tuple has 'K' or 'O'
      * here: declined), Int16 column count */
     if (n < 8 || (s[0] != 'I' && s[0] != 'U') || s[5] != 'N' ||
-        (Py_ssize_t)((unsigned)s[6] << 8 | s[7]) != plan->ncols)
+        (Py_ssize_t)((unsigned)s[6] << 8 | s[7]) != self->ncols)
         Py_RETURN_NONE;
+    int64_t micros;
+    if (commit_micros(self, args[1], &micros) < 0 || operation_bytes(self, args[5]) < 0) {
+        /* not a datetime or not an Operation: the Python path reports it */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
 
-    const Py_ssize_t head_n = PyBytes_GET_SIZE(head), mid_n = PyBytes_GET_SIZE(mid),
-                     tail_n = PyBytes_GET_SIZE(tail);
+    const Py_ssize_t header_n = PyBytes_GET_SIZE(self->value_header),
+                     names_n = PyBytes_GET_SIZE(self->names);
     /* the row's encoding is at most its texts plus VALUE_SLACK per column */
-    if (reserve((size_t)(head_n + 20 + mid_n + n + VALUE_SLACK * plan->ncols + tail_n)) < 0)
+    if (reserve((size_t)(header_n + 40 + self->op_n + names_n + 2 + n +
+                         VALUE_SLACK * self->ncols + 2)) < 0)
         return NULL;
+    /* the envelope up to `after`: header, timestamp, sequence, lsn, xid, operation,
+     * namespace, name, before = null (branch 0), after = branch 1 */
     char *p = out_buf;
-    memcpy(p, PyBytes_AS_STRING(head), (size_t)head_n);
-    p += head_n;
-    p += put_long(p, sequence);
-    p += put_long(p, lsn);
-    memcpy(p, PyBytes_AS_STRING(mid), (size_t)mid_n);
-    p += mid_n;
+    memcpy(p, PyBytes_AS_STRING(self->value_header), (size_t)header_n);
+    p += header_n;
+    p += put_long(p, micros);
+    p += put_long(p, values[0]);
+    p += put_long(p, values[1]);
+    p += put_long(p, values[2]);
+    memcpy(p, self->op_bytes, (size_t)self->op_n);
+    p += self->op_n;
+    memcpy(p, PyBytes_AS_STRING(self->names), (size_t)names_n);
+    p += names_n;
+    *p++ = 0;
+    *p++ = 2;
 
     Py_ssize_t off = 8;
-    Py_ssize_t *spans = plan->spans;
-    for (Py_ssize_t i = 0; i < plan->ncols; i++) {
+    Py_ssize_t *spans = self->spans;
+    for (Py_ssize_t i = 0; i < self->ncols; i++) {
         if (off >= n)
             Py_RETURN_NONE;
         const unsigned char kind = s[off];
@@ -695,7 +759,7 @@ encode_new_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             const Py_ssize_t start = off + 5;
             if (len > n - start)
                 Py_RETURN_NONE;
-            const Py_ssize_t w = put_value(p, &plan->cols[i], (const char *)s + start, len);
+            const Py_ssize_t w = put_value(p, &self->cols[i], (const char *)s + start, len);
             if (w < 0)
                 Py_RETURN_NONE;
             p += w;
@@ -713,21 +777,23 @@ encode_new_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (off != n)
         Py_RETURN_NONE; /* trailing bytes */
-    memcpy(p, PyBytes_AS_STRING(tail), (size_t)tail_n);
-    p += tail_n;
+    /* unchanged_toast: an empty array (its closing block); truncate: null */
+    *p++ = 0;
+    *p++ = 0;
 
     PyObject *value = PyBytes_FromStringAndSize(out_buf, p - out_buf);
     if (value == NULL)
         return NULL;
     PyObject *key;
-    if (plan->nkey < 0) {
+    if (self->nkey < 0) {
         key = Py_NewRef(Py_None);
     }
     else {
         /* the key record: the key columns' encodings, copied from the value */
-        Py_ssize_t key_n = PyBytes_GET_SIZE(key_header);
-        for (Py_ssize_t k = 0; k < plan->nkey; k++) {
-            Py_ssize_t c = plan->key[k];
+        const Py_ssize_t key_header_n = PyBytes_GET_SIZE(self->key_header);
+        Py_ssize_t key_n = key_header_n;
+        for (Py_ssize_t k = 0; k < self->nkey; k++) {
+            Py_ssize_t c = self->key[k];
             key_n += spans[2 * c + 1] - spans[2 * c];
         }
         key = PyBytes_FromStringAndSize(NULL, key_n);
@@ -736,10 +802,10 @@ encode_new_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
         char *kp = PyBytes_AS_STRING(key);
-        memcpy(kp, PyBytes_AS_STRING(key_header), (size_t)PyBytes_GET_SIZE(key_header));
-        kp += PyBytes_GET_SIZE(key_header);
-        for (Py_ssize_t k = 0; k < plan->nkey; k++) {
-            Py_ssize_t c = plan->key[k];
+        memcpy(kp, PyBytes_AS_STRING(self->key_header), (size_t)key_header_n);
+        kp += key_header_n;
+        for (Py_ssize_t k = 0; k < self->nkey; k++) {
+            Py_ssize_t c = self->key[k];
             Py_ssize_t w = spans[2 * c + 1] - spans[2 * c];
             memcpy(kp, out_buf + spans[2 * c], (size_t)w);
             kp += w;
@@ -756,11 +822,28 @@ encode_new_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
-static PyMethodDef methods[] = {
-    {"compile_plan", compile_plan, METH_VARARGS, compile_plan_doc},
-    {"encode_new_row", (PyCFunction)(void (*)(void))encode_new_row, METH_FASTCALL,
-     encode_new_row_doc},
+static PyMethodDef RowEncoder_methods[] = {
+    {"encode", (PyCFunction)(void (*)(void))RowEncoder_encode, METH_FASTCALL, encode_doc},
     {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(RowEncoder_doc,
+             "RowEncoder(columns, key, key_header, value_header, names, epoch)\n\n"
+             "columns: (kind, precision, scale) per column of the table, in order (kinds: "
+             "avro_native.Kind); key: the column index of each key field in key order, or "
+             "None for a table without key; key_header, value_header: the wire-format "
+             "headers; names: the Avro strings of the namespace and table name; epoch: "
+             "datetime(1970, 1, 1, tzinfo=UTC).");
+
+static PyTypeObject RowEncoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pg2sink.changelog._avro_native.RowEncoder",
+    .tp_basicsize = sizeof(RowEncoder),
+    .tp_dealloc = (destructor)RowEncoder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = RowEncoder_doc,
+    .tp_methods = RowEncoder_methods,
+    .tp_init = (initproc)RowEncoder_init,
+    .tp_new = PyType_GenericNew,
 };
 
 static struct PyModuleDef module = {
@@ -768,7 +851,7 @@ static struct PyModuleDef module = {
     "pg2sink.changelog._avro_native",
     "pgoutput Insert/Update -> Confluent-framed Avro key and value (see avro_native.py).",
     -1,
-    methods,
+    NULL,
     NULL,
     NULL,
     NULL,
@@ -778,5 +861,17 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__avro_native(void)
 {
-    return PyModule_Create(&module);
+    PyDateTime_IMPORT;
+    if (PyDateTimeAPI == NULL)
+        return NULL;
+    if (PyType_Ready(&RowEncoderType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "RowEncoder", (PyObject *)&RowEncoderType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -23,12 +23,12 @@ bytes come straight from the text PostgreSQL sent in well under a microsecond.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from enum import IntEnum
 from typing import Any
 
-from pg2sink.changelog.avro import _EPOCH_UTC, _MICROSECOND, _TAIL, TableEncoder, _long, _string
+from pg2sink.changelog.avro import _EPOCH_UTC, TableEncoder, _string
 from pg2sink.changelog.records import Operation
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 __all__ = ["NativeRowEncoder", "available"]
 
 try:
-    from pg2sink.changelog._avro_native import compile_plan, encode_new_row
+    from pg2sink.changelog._avro_native import RowEncoder
 
     _BUILT = True
 except ImportError:  # built without a C compiler: the Python path does everything
@@ -116,8 +116,10 @@ def _column_plan(field: Mapping[str, Any]) -> tuple[int, int, int] | None:
     return kind, 0, 0
 
 
-def _plan(encoder: TableEncoder) -> object | None:
-    """The C plan of the encoder's row record (and key order), or None."""
+def _columns(encoder: TableEncoder) -> tuple[list[tuple[int, int, int]], list[int] | None] | None:
+    """The C encoder's columns (kind, precision, scale) of the encoder's row record and
+    its key (row column index of each key field, in key order); None if it has a column
+    the C code cannot write."""
     before = next((f for f in encoder.value["fields"] if f["name"] == "before"), None)
     if before is None:
         return None
@@ -139,45 +141,33 @@ def _plan(encoder: TableEncoder) -> object | None:
         # the key's fields are copies of the row's: the same bytes for the same value
         if any(encoder.key["fields"][k]["type"] != fields[i]["type"] for k, i in enumerate(key)):
             return None
-    return compile_plan(columns, key)
+    return columns, key
+
+
+#: (data, commit_time, sequence, lsn, xid, op) -> (key, value) | None; see NativeRowEncoder
+Encode = Callable[[bytes, datetime, int, int, int, Operation], "tuple[bytes | None, bytes] | None"]
 
 
 class NativeRowEncoder:
-    """One table shape's C encoder, with the wire headers and per-transaction parts cached.
+    """One table shape's C encoder: `build` makes one next to the TableEncoder of the same
+    Schema record (None: use the TableEncoder alone), the Kafka sink calls `encode` per
+    Insert/Update.
 
-    `encode` is what the Kafka sink calls per Insert/Update; `build` makes one next to the
-    TableEncoder of the same Schema record (None: use the TableEncoder alone).
+    encode(data, commit_time, sequence, lsn, xid, op) -> (key, value) | None: the key and
+    value of the Insert/Update message `data` (bytes, as ChangelogBuilder.feed gets it) of
+    a transaction committed at `commit_time` with id `xid`, wire headers included; key
+    None for a table without key. None: declined, encode the Modification the Python way.
     """
 
-    __slots__ = (
-        "_head",
-        "_key_header",
-        "_mid",
-        "_names",
-        "_op",
-        "_operations",
-        "_plan",
-        "_time",
-        "_value_header",
-        "_xid",
-    )
+    __slots__ = ("encode",)
 
-    def __init__(
-        self, plan: object, key_header: bytes, value_header: bytes, namespace: str, name: str
-    ) -> None:
-        self._plan = plan
-        self._key_header = key_header
-        self._value_header = value_header
-        self._names = _string(namespace) + _string(name)
-        self._operations = {op: _string(op.value) for op in Operation}
-        # the commit time and its head (value header + Avro long): once per transaction
-        self._time: datetime | None = None
-        self._head = b""
-        # the last change's xid and operation, and the envelope's fields from xid to the
-        # start of `after` for them (see _new_mid)
-        self._xid = -1
-        self._op: Operation | None = None
-        self._mid = b""
+    encode: Encode
+
+    def __init__(self, native: RowEncoder) -> None:
+        # the C object's own method: calling it is one call into C, no Python frame (a
+        # Python wrapper that cached the envelope's parts cost ~2,000 instructions per
+        # change, callgrind); the C object caches the commit time's and operation's bytes
+        self.encode = native.encode
 
     @classmethod
     def build(
@@ -199,38 +189,9 @@ class NativeRowEncoder:
         name = encoder.value.get("pg.table")
         if not isinstance(namespace, str) or not isinstance(name, str):
             return None
-        plan = _plan(encoder)
+        plan = _columns(encoder)
         if plan is None:
             return None
-        return cls(plan, key_header, value_header, namespace, name)
-
-    def encode(
-        self,
-        data: bytes,
-        commit_time: datetime,
-        sequence: int,
-        lsn: int,
-        xid: int,
-        op: Operation,
-    ) -> tuple[bytes | None, bytes] | None:
-        """(key, value) of the Insert/Update message `data` (as ChangelogBuilder.feed gets
-        it) of a transaction committed at `commit_time` with id `xid`; key None for a
-        table without key. None: declined, encode the Modification the Python way."""
-        if commit_time is not self._time:
-            self._time = commit_time
-            self._head = self._value_header + _long((commit_time - _EPOCH_UTC) // _MICROSECOND)
-        mid = self._mid
-        # `is` on the operation: an Enum member's hash is a Python-level call (Enum.__hash__),
-        # which made a dict keyed by operation ~1,500 instructions per change (callgrind)
-        if op is not self._op or xid != self._xid:
-            mid = self._new_mid(xid, op)
-        return encode_new_row(
-            data, self._plan, self._key_header, self._head, sequence, lsn, mid, _TAIL
-        )
-
-    def _new_mid(self, xid: int, op: Operation) -> bytes:
-        """The envelope from xid to the start of `after`: xid, operation, namespace, name,
-        before = null, after = branch 1. Once per transaction and operation."""
-        self._xid, self._op = xid, op
-        self._mid = _long(xid) + self._operations[op] + self._names + b"\x00\x02"
-        return self._mid
+        columns, key = plan
+        names = _string(namespace) + _string(name)
+        return cls(RowEncoder(columns, key, key_header, value_header, names, _EPOCH_UTC))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import fastavro
 import psycopg
@@ -259,7 +260,7 @@ def test_the_extension_is_built() -> None:
     from pg2sink.changelog import _avro_native
 
     assert avro_native.available()
-    assert callable(_avro_native.encode_new_row)
+    assert NativeRowEncoder.build.__doc__ and _avro_native.RowEncoder.encode.__doc__
 
 
 def test_every_supported_value_gives_the_python_paths_bytes(db: Database) -> None:
@@ -411,6 +412,12 @@ def test_declines_old_tuples_toast_and_malformed_messages(db: Database) -> None:
     assert data[8:9] == b"t" and encode(binary) is None
     assert encode(b"D" + data[1:]) is None
     assert encode(b"") is None
+    # arguments the Python path would reject: declined too (it then says what is wrong)
+    assert big_native.encode(data, datetime(2026, 1, 1), 0, m.lsn, m.xid, m.operation) is None
+    assert big_native.encode(data, m.timestamp, 0, m.lsn, 1 << 64, m.operation) is None
+    assert big_native.encode(data, m.timestamp, 0, m.lsn, m.xid, 5) is None  # type: ignore[arg-type]
+    with pytest.raises(TypeError):  # a programming error, not a value
+        big_native.encode(memoryview(data), m.timestamp, 0, m.lsn, m.xid, m.operation)  # type: ignore[arg-type]
 
 
 def test_key_in_key_order_and_tables_without_key(db: Database) -> None:
