@@ -49,7 +49,8 @@ enum Kind {
     K_DATE = 9,        /* int date: 'YYYY-MM-DD' */
     K_TIME = 10,       /* long time-micros: 'HH:MM:SS[.f]' */
     K_TIMESTAMP = 11,  /* long local-timestamp-micros: 'YYYY-MM-DD HH:MM:SS[.f]' */
-    K_TIMESTAMPTZ = 12 /* long timestamp-micros: the same, then '+00' */
+    K_TIMESTAMPTZ = 12, /* long timestamp-micros: the same, then '+00' */
+    K_NUMERIC = 13      /* string: an unconstrained numeric's text, checked */
 };
 
 typedef struct {
@@ -278,6 +279,30 @@ valid_utf8(const unsigned char *s, Py_ssize_t n)
     return 0;
 }
 
+/* numeric_out's text: '-'? ('0' | [1-9][0-9]*) ('.' [0-9]+)?, or NaN, Infinity,
+ * -Infinity. The Python path writes format(Decimal(text), "f"), which is this text
+ * again; other texts Decimal accepts ('1e5', '007', ' 1') it would rewrite or reject. */
+static int
+valid_numeric_text(const char *s, Py_ssize_t n)
+{
+    if ((n == 3 && memcmp(s, "NaN", 3) == 0) || (n == 8 && memcmp(s, "Infinity", 8) == 0) ||
+        (n == 9 && memcmp(s, "-Infinity", 9) == 0))
+        return 0;
+    Py_ssize_t i = (n > 0 && s[0] == '-') ? 1 : 0;
+    if (i == n || !is_digit(s[i]) || (s[i] == '0' && i + 1 < n && s[i + 1] != '.'))
+        return -1;
+    while (i < n && is_digit(s[i]))
+        i++;
+    if (i == n)
+        return 0;
+    if (s[i] != '.' || i + 1 == n)
+        return -1;
+    for (i++; i < n; i++)
+        if (!is_digit(s[i]))
+            return -1;
+    return 0;
+}
+
 static inline int
 hex_value(unsigned char c)
 {
@@ -420,6 +445,13 @@ put_value(char *p, const Column *col, const char *s, Py_ssize_t n)
         if (parse_int64(s, n, &v) < 0)
             return -1;
         q += put_long(q, v);
+        break;
+    case K_NUMERIC:
+        if (valid_numeric_text(s, n) < 0)
+            return -1;
+        q += put_long(q, n);
+        memcpy(q, s, (size_t)n);
+        q += n;
         break;
     case K_STRING:
         if (valid_utf8((const unsigned char *)s, n) < 0)
@@ -571,7 +603,7 @@ RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds)
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(cols_seq, i), "iii", &c->kind,
                               &c->precision, &c->scale))
             goto fail;
-        if (c->kind < K_BOOLEAN || c->kind > K_TIMESTAMPTZ || c->scale < 0 ||
+        if (c->kind < K_BOOLEAN || c->kind > K_NUMERIC || c->scale < 0 ||
             c->precision < 0) {
             PyErr_Format(PyExc_ValueError, "invalid column %zd", i);
             goto fail;

@@ -65,6 +65,7 @@ class Kind(IntEnum):
     TIME = 10
     TIMESTAMP = 11
     TIMESTAMPTZ = 12
+    NUMERIC = 13
 
 
 # (Avro type, logicalType) of a field's non-null branch -> the C kind (type mapping as
@@ -72,7 +73,8 @@ class Kind(IntEnum):
 # C code reproduces: int() for int/long, the text itself for every string (text, varchar,
 # bpchar, name, json(b), uuid, enums, money, xid8, unconstrained numeric, whose
 # format(Decimal(text), "f") is numeric_out's text again), hex for bytea, float() for
-# float/double, Decimal for decimal, fromisoformat for the dates and times. Arrays are
+# float/double, Decimal for decimal, fromisoformat for the dates and times (see Kind.NUMERIC
+# for the unconstrained numeric). Arrays are
 # not here: a table with one stays on the Python path.
 _KINDS: Mapping[tuple[object, object], Kind] = {
     ("boolean", None): Kind.BOOLEAN,
@@ -108,6 +110,11 @@ def _column_plan(field: Mapping[str, Any]) -> tuple[int, int, int] | None:
     kind = _KINDS.get((avro.get("type"), avro.get("logicalType")))
     if kind is None:
         return None
+    if kind is Kind.STRING and avro.get("pg.type") == "numeric":
+        # unconstrained numeric: its text is checked to be numeric_out's, as the Python
+        # path's Decimal() would reject anything else. (A domain over it carries the
+        # domain's name here and passes its text as is: numeric_out's text either way.)
+        return Kind.NUMERIC, 0, 0
     if kind is Kind.DECIMAL:
         precision, scale = int(avro["precision"]), int(avro.get("scale", 0))
         if scale < 0 or precision < 0:
