@@ -2,8 +2,8 @@
 # Installs the system programs pg2sink's tests, demo and benchmarks run:
 # PostgreSQL server + client (initdb, pg_ctl, psql, pg_recvlogical), Java and
 # Maven (for Kafka and the schema registry), Prometheus and promtool (for the
-# observability tests) from Debian's packages. Does
-# nothing when they are already there.
+# observability tests), a C compiler and Python's headers (the Kafka sink's C
+# encoder) from Debian's packages. Does nothing when they are already there.
 set -euo pipefail
 
 SUDO=""
@@ -22,6 +22,13 @@ command -v mvn >/dev/null 2>&1 || need+=(maven)
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
   need+=(prometheus)
 fi
+# pip builds the Kafka sink's C encoder (setup.py) with a C compiler, libc's and Python's
+# headers; without them it skips it (pg2sink runs on the Python path) and the test that
+# the extension is built (tests/changelog/test_avro_native.py) fails.
+command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+"${PYTHON:-python3.11}" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  2>/dev/null || need+=(python3.11-dev)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "setup: installing ${need[*]} from Debian's packages"
   export DEBIAN_FRONTEND=noninteractive
