@@ -39,7 +39,7 @@ from pg2sink.config import KafkaConfig, Settings
 from pg2sink.errors import ConfigError, SinkError
 from pg2sink.sinks.file import FileSink
 from pg2sink.sinks.kafka import KafkaSink
-from pg2sink.sinks.kafka.acks import AckTracker
+from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.formats import modification_json
 from pg2sink.sinks.kafka.sink import producer_settings
 from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
@@ -54,39 +54,17 @@ T = datetime(2026, 11, 21, 2, 40, 21, 811015, tzinfo=UTC)
 # --- units ---------------------------------------------------------------------------
 
 
-def test_acks_are_contiguous_across_partitions() -> None:
-    acks = AckTracker()
-    seqs = [acks.next_seq() for _ in range(4)]  # messages 0..3, then a checkpoint
-    acks.checkpoint(100)
-    seqs += [acks.next_seq() for _ in range(2)]  # 4, 5
-    acks.checkpoint(200)
-    acks.next_seq()  # 6, in an open transaction
-    assert seqs == [0, 1, 2, 3, 4, 5]
-    assert acks.acknowledged() is None and acks.pending
-    # delivered out of order (different partitions): 5 and 3 first
-    for seq in (5, 3, 0, 1):
-        acks.delivered(seq)
-    assert acks.acknowledged() is None  # 2 is missing: nothing after it counts
-    acks.delivered(2)
-    assert acks.acknowledged() == 100 and acks.pending
-    acks.delivered(6)  # beyond the last checkpoint: covers nothing by itself
-    assert acks.acknowledged() == 100
-    acks.delivered(4)
-    assert acks.acknowledged() == 200 and not acks.pending
-    assert acks.undelivered == 0
-
-
-def test_checkpoints_without_messages_move_the_last_mark() -> None:
-    acks = AckTracker()
-    acks.checkpoint(10)
-    assert acks.acknowledged() == 10  # nothing to deliver
-    acks.next_seq()
-    acks.checkpoint(20)
-    acks.checkpoint(30)  # keepalive: nothing produced since
-    acks.checkpoint(25)  # never backwards
-    assert acks.acknowledged() == 10
-    acks.delivered(0)
-    assert acks.acknowledged() == 30
+def test_checkpoints_are_acknowledged_by_a_drain_never_backwards() -> None:
+    marks = Checkpoints()
+    assert marks.acknowledged() is None and not marks.pending
+    marks.checkpoint(100)
+    marks.checkpoint(200)
+    marks.checkpoint(150)  # never backwards
+    assert marks.acknowledged() is None and marks.pending
+    marks.drained()
+    assert marks.acknowledged() == 200 and not marks.pending
+    marks.checkpoint(300)  # produced after the drain: waits for the next one
+    assert marks.acknowledged() == 200 and marks.pending
 
 
 def test_topics_default_map_fallback_and_unmapped_error() -> None:
@@ -112,6 +90,10 @@ def test_producer_settings_keep_the_guarantees() -> None:
             producer_settings(KafkaConfig("b:9092", Settings({key: value})))
     with pytest.raises(ConfigError, match=r"enable\.idempotence=true"):
         producer_settings(KafkaConfig("b:9092", Settings({"enable.idempotence": "false"})))
+    # successes are seen by draining the producer (acks.py), not reported one by one
+    assert settings["delivery.report.only.error"] == "true"
+    with pytest.raises(ConfigError, match=r"delivery\.report\.only\.error=true"):
+        producer_settings(KafkaConfig("b:9092", Settings({"delivery.report.only.error": "false"})))
 
 
 def test_settings_hide_secrets() -> None:

@@ -1,7 +1,7 @@
 """The Kafka sink (--sink=kafka): Avro with a schema registry, or JSON.
 
     sink.py     KafkaSink: producing, delivery reports, failures
-    acks.py     contiguous acknowledgement of checkpoints
+    acks.py     which checkpoints are durable (acknowledged by draining the producer)
     formats.py  message keys and values (Avro wire format or JSON) per table
     topics.py   table → topic routing
 

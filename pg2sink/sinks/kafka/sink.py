@@ -15,21 +15,26 @@ Per record:
   transactional message); JSON whatever --format says (docs/changes.md).
 
 Delivery: an idempotent producer (enable.idempotence=true, acks=all; librdkafka retries
-and keeps per-partition order). Every message is numbered; `checkpoint(lsn)` marks the
-number produced so far, and a checkpoint is acknowledged once every message below its
-mark is delivered (acks.AckTracker), whatever the partitions. `flush()` waits (at most
-FLUSH_WAIT seconds) for the latest checkpoint's deliveries, then returns the highest
-acknowledged checkpoint: the only LSNs the stream confirms to PostgreSQL.
+and keeps per-partition order) that reports failed deliveries only
+(delivery.report.only.error). A checkpoint is acknowledged once the producer is seen
+drained with no failure (acks.Checkpoints: why not a report per message):
+`acknowledged()` looks without waiting, `start_flush()` drains (one round trip to the
+broker, bounded by FLUSH_WAIT) so that checkpoints advance under a steady load too, and
+`flush()` does the same and returns the highest acknowledged checkpoint: the only LSNs the
+stream confirms to PostgreSQL.
 
 A failed delivery (the broker was away for longer than message.timeout.ms, say) raises
 SinkUnavailableError: the service reconnects and PostgreSQL replays from the last
 confirmed LSN, so nothing is lost and changes after that LSN may repeat (at-least-once).
-The sink then starts over (a new generation: reports of older messages are ignored).
+The sink then starts over: queued messages are purged (the replay produces them again).
+A message that was in flight then and fails later is reported like any failure and
+restarts the stream once more: a report cannot tell which stream produced it, and
+treating it as a failure can only repeat changes, never lose one.
 Errors that retrying cannot fix (message too large, not authorised, an incompatible
 schema) raise SinkError and stop the stream with nothing after them confirmed.
 
 Backpressure: when librdkafka's queue is full (queue.buffering.max.messages / kbytes),
-`write` serves delivery reports until there is room, so memory stays bounded.
+`write` waits (serving the producer) until there is room, so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from pg2sink.changelog.records import Modification, Operation, Record, Schema, T
 from pg2sink.config import KafkaConfig
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.sinks.file import message_object, schema_line
-from pg2sink.sinks.kafka.acks import AckTracker
+from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.formats import (
     AvroFormat,
     Format,
@@ -69,8 +74,13 @@ TOPIC_CREATE_WAIT = 5.0
 METADATA_TIMEOUT = 10.0
 
 #: Producer settings pg2sink's guarantees rest on: no duplicates from librdkafka's own
-#: retries, no reordering, and an ack only once every in-sync replica has the message.
-REQUIRED_SETTINGS = {"enable.idempotence": "true", "acks": "all"}
+#: retries, no reordering, and an ack only once every in-sync replica has the message;
+#: reports of failed deliveries only (acks.py: successes are seen by draining).
+REQUIRED_SETTINGS = {
+    "enable.idempotence": "true",
+    "acks": "all",
+    "delivery.report.only.error": "true",
+}
 _SETTING_ALIASES = {"request.required.acks": "acks"}
 _ACKS_ALL = frozenset(("all", "-1"))
 
@@ -149,15 +159,18 @@ class KafkaSink:
         self._producer: Any = None
         self._tables: dict[tuple[str, str], tuple[str, TableFormat]] = {}
         self._checked_topics: set[str] = set()
-        self._acks = AckTracker()
-        #: incremented on every restart of the stream; older delivery reports are ignored
+        self._checkpoints = Checkpoints()
+        #: incremented with every new producer: the reports of a replaced one are ignored
         self._generation = 0
         self._failure: KafkaError | None = None
         self._failed_topic = ""
         self._broker_down = False
         self._reported: set[str] = set()
+        #: messages produced, and of them delivered (known at each drain)
+        self._produced = 0
         self._delivered = 0
-        #: key and value bytes produced and not yet delivered (pg2sink_raw_buffer_bytes)
+        #: key and value bytes produced since the producer was last seen drained
+        #: (pg2sink_raw_buffer_bytes)
         self._queued_bytes = 0
         # the xid header of the last change (headers are copied by produce)
         self._xid: int | None = None
@@ -187,6 +200,10 @@ class KafkaSink:
         if "bootstrap.servers" not in settings:
             raise ConfigError("--sink=kafka needs --kafka-bootstrap-servers")
         settings["error_cb"] = self._on_error
+        settings["delivery.report.only.error"] = True  # confluent-kafka's own: a bool
+        # failures only (delivery.report.only.error), tagged with this producer's generation
+        self._generation += 1
+        settings["on_delivery"] = partial(self._on_failure, self._generation)
         settings["logger"] = _LibrdkafkaLog()
         try:
             return Producer(settings)
@@ -207,6 +224,8 @@ class KafkaSink:
                 "be sent again after a restart",
                 left,
             )
+        if not left:
+            self._delivered = self._produced
         log.info("kafka sink closed: %d messages delivered", self._delivered)
 
     # -- records ---------------------------------------------------------------------
@@ -295,18 +314,14 @@ class KafkaSink:
         producer = self._producer
         if producer is None:
             raise SinkError("the kafka sink was not opened")
-        acks = self._acks
-        seq = acks.produced  # acks.next_seq(), inline
-        acks.produced = seq + 1
-        size = (len(value) if value else 0) + (len(key) if key else 0)
-        # the size rides with the report: msg.key()/msg.value() would be two more calls
-        on_delivery = partial(self._on_delivery, self._generation, seq, size)
-        self._queued_bytes += size
+        self._produced += 1
+        self._queued_bytes += (len(value) if value else 0) + (len(key) if key else 0)
         while True:
             try:
                 # positional (topic, value, key, partition, on_delivery, alias, timestamp,
-                # headers): cheaper than keywords; -1 = the configured partitioner, 0 = now
-                producer.produce(topic, value, key, -1, on_delivery, None, 0, headers)
+                # headers): cheaper than keywords; -1 = the configured partitioner, no
+                # callback of its own (the producer's reports failures), 0 = now
+                producer.produce(topic, value, key, -1, None, None, 0, headers)
                 return
             except BufferError:
                 self._wait_for_room()
@@ -316,7 +331,7 @@ class KafkaSink:
                 self._raise_failure()
 
     def _wait_for_room(self) -> None:
-        """The producer's queue is full: serve delivery reports until there is room."""
+        """The producer's queue is full: wait for deliveries until there is room."""
         log.debug("kafka producer queue full; waiting for deliveries")
         self._producer.poll(0.1)
         if self._failure is not None:
@@ -370,24 +385,34 @@ class KafkaSink:
 
     # -- librdkafka callbacks (served by poll/flush, on this thread) -----------------
 
-    def _on_delivery(
-        self, generation: int, seq: int, size: int, error: KafkaError | None, msg: Message
-    ) -> None:
-        if generation != self._generation:
-            return  # a message of a stream that was restarted since
-        if error is not None:
-            if self._failure is None:
-                self._failure = error
-                self._failed_topic = msg.topic() or ""
-            return
-        self._acks.delivered(seq)
-        self._delivered += 1
-        self._queued_bytes -= size
+    def _on_failure(self, generation: int, error: KafkaError | None, msg: Message) -> None:
+        """A delivery report: failures only (delivery.report.only.error)."""
+        if error is None or generation != self._generation:
+            return  # (a success all the same) or a report of a replaced producer
+        if error.code() == KafkaError._PURGE_QUEUE:
+            return  # purged by _restart: the replay produces it again
+        if self._failure is None:
+            self._failure = error
+            self._failed_topic = msg.topic() or ""
+
+    def _drained(self) -> bool:
+        """Serve the producer's reports; True (and every checkpoint so far acknowledged)
+        when nothing is queued or in flight and no delivery failed."""
+        producer = self._producer
+        producer.poll(0)
+        if self._failure is not None:
+            self._raise_failure()
+        if len(producer):
+            return False
+        self._checkpoints.drained()
+        self._delivered = self._produced
+        self._queued_bytes = 0
         if self._broker_down or self._reported:
             self._reported.clear()
             if self._broker_down:
                 self._broker_down = False
                 log.info("Kafka is reachable again; deliveries resumed")
+        return True
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
@@ -411,36 +436,39 @@ class KafkaSink:
     # -- acknowledgement -------------------------------------------------------------
 
     def checkpoint(self, lsn: int) -> None:
-        self._acks.checkpoint(lsn)
+        self._checkpoints.checkpoint(lsn)
 
     def pending_bytes(self) -> int:
-        """Key and value bytes produced and not yet acknowledged by the broker."""
-        return max(self._queued_bytes, 0)
+        """Key and value bytes produced since the producer was last seen drained."""
+        return self._queued_bytes
 
     def start_flush(self) -> None:
-        """Serve delivery reports; librdkafka sends on its own threads meanwhile."""
-        if self._producer is not None:
-            self._producer.poll(0)
+        """Drain the producer (bounded by FLUSH_WAIT) so the latest checkpoint can be
+        acknowledged; without waiting while the broker is known to be away."""
+        if self._producer is None or self._drained():
+            return
+        if not self._broker_down:
+            self._producer.flush(FLUSH_WAIT)
+            self._drained()
 
     def flush(self) -> int | None:
         producer = self._producer
-        if producer is None:
-            return self._acks.acknowledged()
-        producer.poll(0)
+        if producer is None or self._drained():
+            return self._checkpoints.acknowledged()
         deadline = time.monotonic() + FLUSH_WAIT
-        while self._acks.pending and self._failure is None:
+        while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            producer.poll(min(remaining, 0.1))
-        if self._failure is not None:
-            self._raise_failure()
-        return self._acks.acknowledged()
+            producer.flush(min(remaining, 0.1))
+            if self._drained():
+                break
+        return self._checkpoints.acknowledged()
 
     def acknowledged(self) -> int | None:
         if self._producer is not None:
-            self._producer.poll(0)
-        return self._acks.acknowledged()
+            self._drained()
+        return self._checkpoints.acknowledged()
 
     # -- failures --------------------------------------------------------------------
 
@@ -453,8 +481,9 @@ class KafkaSink:
 
     def _restart(self, fatal: bool) -> None:
         """Forget this stream's messages: PostgreSQL replays from the confirmed LSN."""
-        self._generation += 1
-        self._acks = AckTracker()
+        self._checkpoints = Checkpoints()
+        self._queued_bytes = 0
+        self._produced = self._delivered  # the purged ones were not
         self._tables.clear()
         self._checked_topics.clear()
         self._failure = None
