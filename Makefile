@@ -5,8 +5,10 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# where bench-kafka-cpu keeps its captured frames (reused by later runs)
+CGK    ?= bench/out/frames
 
-.PHONY: setup system venv jdbc check test demo services services-stop bench-stream bench-latency bench-import bench-bigtx dashboards clean
+.PHONY: setup system venv jdbc check test demo services services-stop bench-stream bench-latency bench-import bench-bigtx bench-kafka-cpu dashboards clean
 
 setup: system venv jdbc
 
@@ -56,6 +58,12 @@ bench-import: setup
 
 bench-bigtx: setup
 	$(PY) bench/bigtx.py $(ARGS)
+
+# CPU seconds per change of the Kafka path on captured frames (bench/kafka_cpu.py):
+# comparable across code versions on a busy machine, unlike bench-stream's wall clock
+bench-kafka-cpu: setup
+	@test -f $(CGK)/frames_100000.pickle || $(PY) bench/callgrind_stream.py capture $(CGK) --sizes 2000 100000
+	$(PY) bench/kafka_cpu.py $(CGK)/frames_100000.pickle $(ARGS)
 
 # Regenerates dashboards/pg2sink.json from dashboards/build.py (commit both).
 dashboards: venv

@@ -98,6 +98,7 @@ class KafkaTarget:
     bootstrap_servers: str
     registry_url: str
     data: Path  # the broker's log.dirs, to measure a topic's size on disk
+    broker_pid: int | None  # to read the broker's CPU seconds around a run
 
 
 def start_kafka(services: ModuleType, tmp: Path, stack: contextlib.ExitStack) -> KafkaTarget:
@@ -114,6 +115,7 @@ def start_kafka(services: ModuleType, tmp: Path, stack: contextlib.ExitStack) ->
         bootstrap_servers=str(kafka.bootstrap_servers),
         registry_url=str(registry.url),
         data=Path(kafka.data),
+        broker_pid=kafka.pid(),
     )
 
 

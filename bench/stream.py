@@ -419,8 +419,12 @@ def run_pg2sink(
     argv = pg2sink_argv(dsn, slot, PUBLICATION, sink_args(kafka, out, prefix), "warning", python)
     stderr = tmp / f"{label}_{run}.stderr"
     rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # the broker shares the machine's cores with pg2sink and PostgreSQL: its CPU too
+    broker_pid = kafka.broker_pid if kafka is not None else None
+    broker_before = cpu_seconds(broker_pid) if broker_pid is not None else None
     child = Child.spawn(argv, tmp / f"{label}_{run}.stdout", stderr)
     startup: float | None = None
+    broker_after: float | None = None
     walsender_cpu: float | None = None
     peak_kib: int | None = None
     try:
@@ -442,6 +446,7 @@ def run_pg2sink(
             if state.reached_end:
                 seconds = time.monotonic() - child.started
                 peak_kib = vm_hwm_kib(child.pid)
+                broker_after = cpu_seconds(broker_pid) if broker_pid is not None else None
                 break
             time.sleep(POLL_SECONDS)
     finally:
@@ -483,7 +488,15 @@ def run_pg2sink(
         walsender_cpu_seconds=walsender_cpu,
         peak_rss_mib=peak_kib / 1024 if peak_kib else None,
         output_bytes=output_bytes,
-        extra={"lines": lines, "stderr_tail": tail(stderr, 10) if stderr.stat().st_size else ""},
+        extra={
+            "lines": lines,
+            "stderr_tail": tail(stderr, 10) if stderr.stat().st_size else "",
+            "broker_cpu_seconds": (
+                broker_after - broker_before
+                if broker_before is not None and broker_after is not None
+                else None
+            ),
+        },
     )
 
 
@@ -619,6 +632,8 @@ def report(
     print(f"(medians of {repeat} runs; peak RSS is the maximum)")
     if "pg2sink kafka" in sink_runs:
         print("(pg2sink kafka output: the topic's log segments on the broker's disk)")
+        broker = _median([s.extra.get("broker_cpu_seconds") for s in sink_runs["pg2sink kafka"]])
+        print(f"(Kafka broker CPU s during a pg2sink kafka run, median: {_fmt(broker, '.2f')})")
     print()
     for name in sink_runs:
         print(

@@ -1,0 +1,108 @@
+"""CPU seconds per change of the Kafka-sink hot path, on captured frames.
+
+bench/stream.py's wall-clock ratio moves with the machine's load, and callgrind cannot
+follow librdkafka's threads and a real broker in useful time. This harness replays the
+frames bench/callgrind_stream.py captured (the bench-stream workload, as the server sent
+it) through the real Streamer -> ChangelogHandler -> ChangelogBuilder -> KafkaSink path,
+against a real Kafka broker and schema registry started in a temporary directory, and
+prints the CPU time it took per change: the whole process (main thread plus librdkafka's
+threads) and the main thread alone. CPU time, unlike wall time, barely moves when other
+programs share the machine, so two versions of the code can be compared on a busy one.
+
+    .venv/bin/python bench/callgrind_stream.py capture /tmp/cgk --sizes 2000 100000
+    .venv/bin/python bench/kafka_cpu.py /tmp/cgk/frames_100000.pickle --rounds 3
+
+Each round uses topics of its own (a new --topic-prefix), so the schemas are registered
+once per round; the round ends when the broker has acknowledged every message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import pickle
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO))
+
+import services  # noqa: E402
+from callgrind_stream import RecordedCatalog, ReplayStream  # noqa: E402
+from common import start_kafka  # noqa: E402
+
+from pg2sink.config import KafkaConfig  # noqa: E402
+from pg2sink.sinks.kafka import KafkaSink  # noqa: E402
+from pg2sink.subscription.handlers import ChangelogHandler  # noqa: E402
+from pg2sink.subscription.stream import StopRequested, Streamer  # noqa: E402
+
+
+def replay_round(
+    saved: dict[str, object], bootstrap: str, registry: str
+) -> tuple[float, float, float, int]:
+    """(process CPU s, main-thread CPU s, wall s, changes) of one replay into fresh topics."""
+    frames = [memoryview(b) for b in saved["frames"]]  # type: ignore[attr-defined]
+    changes = sum(1 for b in frames if b[0] == ord("w") and bytes(b[25:26]) in (b"I", b"U"))
+    cfg = KafkaConfig(
+        bootstrap,
+        topic_prefix=f"cpu_{uuid.uuid4().hex[:8]}",
+        schema_registry_url=registry,
+    )
+    sink = KafkaSink(cfg)
+    sink.open()
+    handler = ChangelogHandler(RecordedCatalog(saved["catalog"]), sink)  # type: ignore[arg-type]
+    stop = StopRequested()
+    process, thread, wall = time.process_time(), time.thread_time(), time.monotonic()
+    Streamer(
+        ReplayStream(frames, stop),  # type: ignore[arg-type]
+        handler,
+        heartbeat_interval=10.0,
+        flush_interval=1.0,
+        stop=stop,
+    ).run()
+    handler.close()  # flushes: every message acknowledged
+    return (
+        time.process_time() - process,
+        time.thread_time() - thread,
+        time.monotonic() - wall,
+        changes,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("frames", type=Path, help="a frames_N.pickle of callgrind_stream capture")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    with args.frames.open("rb") as f:
+        saved = pickle.load(f)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pg2sink-kcpu-")))
+        target = start_kafka(services, tmp, stack)
+        replay_round(saved, target.bootstrap_servers, target.registry_url)  # warm-up
+        process: list[float] = []
+        thread: list[float] = []
+        for _ in range(args.rounds):
+            p, t, w, changes = replay_round(saved, target.bootstrap_servers, target.registry_url)
+            process.append(p * 1e6 / changes)
+            thread.append(t * 1e6 / changes)
+            print(
+                f"round: {p:.2f} s process, {t:.2f} s main thread, {w:.2f} s wall"
+                f" (load-dependent), {changes:,} changes"
+            )
+    print(
+        f"us of CPU per change (median of {args.rounds}): process "
+        f"{statistics.median(process):.2f}, main thread {statistics.median(thread):.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
