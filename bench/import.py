@@ -27,7 +27,10 @@ Method
    hold exactly one message per row.
 
 Report: rows/s of each, and the ratio of each import's rows/s to COPY's (target for
-the file sink: >= 0.3; the long-run goal is 0.5), Spark's start-up separately.
+the file sink: >= 0.3; the long-run goal is 0.5), Spark's start-up separately, and the
+CPU seconds per row of pg2sink's process tree and PostgreSQL's (from /proc: load-proof,
+unlike the times); BENCH_CPU_BY_PROCESS=1 also splits pg2sink's CPU by process kind
+(driver, java: Spark's JVM, python: its Python workers).
 `--repeat` runs COPY and each import that many times (alternating) and reports
 medians. The machine's other load counts: the script prints the load average.
 """
@@ -109,10 +112,11 @@ def fill(conn: Conn, rows: int) -> None:
     print(f"  {rows:,} rows written and vacuumed in {time.monotonic() - t0:.1f}s", flush=True)
 
 
-def tree_cpu(root: int) -> float:
+def tree_times(root: int) -> dict[int, tuple[str, float]]:
     """CPU seconds of `root` and every live descendant, each with its reaped children
-    (utime + stime + cutime + cstime of /proc/<pid>/stat): a backend that ended is
-    counted in its postmaster's cutime, a finished Python worker in its daemon's."""
+    (utime + stime + cutime + cstime of /proc/<pid>/stat), by pid with the process name:
+    a backend that ended is counted in its postmaster's cutime, a finished Python worker
+    in its daemon's."""
     parents: dict[int, int] = {}
     names: dict[int, str] = {}
     times: dict[int, float] = {}
@@ -129,16 +133,31 @@ def tree_cpu(root: int) -> float:
         parents[int(entry)] = int(fields[1])
         names[int(entry)] = text.split("(", 1)[1].rsplit(")", 1)[0]
         times[int(entry)] = sum(int(x) for x in fields[11:15]) / CLOCK_TICKS
-    total = 0.0
+    found: dict[int, tuple[str, float]] = {}
     for pid, t in times.items():
         p = pid
         while p > 1 and p != root:
             p = parents.get(p, 0)
         if p == root:
-            total += t
-            if os.environ.get("BENCH_CPU_BY_PROCESS"):
-                print(f"    cpu {pid} {names[pid]} {t:.2f}", flush=True)
-    return total
+            found[pid] = (names[pid], t)
+    return found
+
+
+def cpu_by_process(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], root: int
+) -> str:
+    """CPU seconds spent between two tree_times() by kind of process: 'driver' for
+    `root`, else the process name (java: Spark's JVM; python: its Python workers and
+    their daemon; postgres: the server)."""
+    kinds: dict[str, float] = {}
+    for pid, (name, t) in after.items():
+        kind = "driver" if pid == root else name
+        kinds[kind] = kinds.get(kind, 0.0) + t
+    # a process that ended moved its time into its parent's cutime, counted above
+    for pid, (name, t) in before.items():
+        kind = "driver" if pid == root else name
+        kinds[kind] = kinds.get(kind, 0.0) - t
+    return ", ".join(f"{kind} {t:.2f}s" for kind, t in sorted(kinds.items()) if t >= 0.005)
 
 
 def postmaster_pid(conn: Conn) -> int:
@@ -191,12 +210,18 @@ def run_import(
                 INTERNAL,
                 sink,
             )
-            server = postmaster_pid(conn)
-            cpu0, server0 = tree_cpu(os.getpid()), tree_cpu(server)
+            server, me = postmaster_pid(conn), os.getpid()
+            mine0, server0 = tree_times(me), tree_times(server)
             t0 = time.monotonic()
             rows = runner.run(task)
             seconds = time.monotonic() - t0
-            cpu, server_cpu = tree_cpu(os.getpid()) - cpu0, tree_cpu(server) - server0
+            mine, server_times = tree_times(me), tree_times(server)
+            cpu = sum(t for _, t in mine.values()) - sum(t for _, t in mine0.values())
+            server_cpu = sum(t for _, t in server_times.values()) - sum(
+                t for _, t in server0.values()
+            )
+            if os.environ.get("BENCH_CPU_BY_PROCESS"):
+                print(f"    cpu by process: {cpu_by_process(mine0, mine, me)}", flush=True)
         finally:
             snap.close()
     return Run(name, seconds, rows, cpu, server_cpu)

@@ -65,6 +65,15 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: offers it as `write_new_row`; the builder uses it on feed()'s fast path only.
 NewRowWriter = Callable[[datetime, int, int, int, Operation, str, str, dict[str, object]], None]
 
+#: (Insert or Update message, commit time, sequence, lsn, xid, operation) -> whether it
+#: was written: a sink's writer of one table's new rows straight from pgoutput's bytes
+#: (the Kafka sink's native Avro encoder), bypassing decoding; False = declined, the
+#: builder takes its own path (which decodes, and reports whatever is wrong).
+RawRowWriter = Callable[[bytes, datetime, int, int, int, Operation], bool]
+#: (namespace, name) -> the sink's RawRowWriter of that table as the sink knows it now
+#: (after its Schema record), or None
+RawRowWriters = Callable[[str, str], "RawRowWriter | None"]
+
 
 @dataclass(slots=True)
 class RelationState:
@@ -83,6 +92,8 @@ class RelationState:
     primary_key: tuple[str, ...]
     ops: dict[str, int]
     """Changes emitted per operation: this table's counters in StreamStats."""
+    write_raw: RawRowWriter | None = None
+    """The sink's writer of new rows from raw bytes, if it has one for this table."""
 
     def decode_key(self, values: Sequence[TupleValue]) -> dict[str, object]:
         """Only the identity columns of a 'K' tuple (the others are sent as NULL)."""
@@ -104,11 +115,14 @@ class ChangelogBuilder:
         message_prefixes: tuple[str, ...] = (),
         via_partition_root: bool = False,
         emit_new_row: NewRowWriter | None = None,
+        raw_writers: RawRowWriters | None = None,
     ) -> None:
         self.catalog = catalog
         self.emit = emit
         #: the sink's shortcut for the fast path's plain Modification (see NewRowWriter)
         self.emit_new_row = emit_new_row
+        #: the sink's source of per-table RawRowWriters (see RawRowWriter)
+        self.raw_writers = raw_writers
         self.stats = stats
         #: pgoutput messages fed, by tag byte (the stream folds them into its stats)
         self.tag_counts = [0] * 256
@@ -153,11 +167,18 @@ class ChangelogBuilder:
         if tag in _NEW_ROW_OPERATIONS and len(data) > 6:
             rel = self.relations.get(relation_id(data, 1)[0])
             if rel is not None:
+                op = _NEW_ROW_OPERATIONS[tag]
+                write_raw = rel.write_raw
+                if write_raw is not None and write_raw(
+                    data, self.commit_time, self.sequence, lsn, self.xid, op
+                ):
+                    rel.ops[op] += 1
+                    self.sequence += 1
+                    return 0
                 after = rel.read_new(data)
                 if after is not None:
                     # self._modification(rel, op, lsn, None, after) written out: this
                     # is the once-per-change path, and a call costs ~2% of it
-                    op = _NEW_ROW_OPERATIONS[tag]
                     rel.ops[op] += 1
                     emit_new_row = self.emit_new_row
                     if emit_new_row is not None:
@@ -285,7 +306,7 @@ class ChangelogBuilder:
             primary_key=primary_key,
         )
         converters = [c.to_json if self.json_values else c.decode for c in codecs]
-        self.relations[msg.relation_id] = RelationState(
+        rel = RelationState(
             relation_id=msg.relation_id,
             namespace=msg.namespace,
             name=msg.name,
@@ -301,8 +322,6 @@ class ChangelogBuilder:
             schema=schema,
             primary_key=primary_key,
         )
-        if self.gate is not None:  # after storing it: see ImportGate._set
-            self.gate.relation_announced(self.relations[msg.relation_id])
         # pgoutput re-sends Relation after any invalidation (even without a
         # change of shape): only a different schema is news for consumers.
         # Publishing via the partition root, PostgreSQL 15 announces the leaf a
@@ -326,6 +345,14 @@ class ChangelogBuilder:
                 )
             )
             log.debug("schema of %s.%s emitted", msg.namespace, msg.name)
+        if self.raw_writers is not None:
+            # after the Schema record: the sink encodes this shape of the table. Set
+            # before the relation is stored, so that an import gate (another thread)
+            # that swaps the relation's readers sees this one too.
+            rel.write_raw = self.raw_writers(msg.namespace, msg.name)
+        self.relations[msg.relation_id] = rel
+        if self.gate is not None:  # after storing it: see ImportGate._set
+            self.gate.relation_announced(rel)
 
     def catalog_codec(self, type_oid: int, typmod: int) -> ValueCodec:
         return codec_for(self.catalog.pg_type(type_oid), typmod)

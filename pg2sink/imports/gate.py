@@ -19,9 +19,10 @@ transactions in commit order, and every transaction the snapshot sees committed 
 that position, so from there on none can come and the table leaves the gate.
 
 Cost on the hot path when no import runs: none. The builder's fast path
-(ChangelogBuilder.feed) reads INSERT/UPDATE rows with a per-relation reader; a gated
-table's reader is swapped for one that declines, so only its changes take the slow
-path, where admit() is called. Other tables keep their fast readers.
+(ChangelogBuilder.feed) reads INSERT/UPDATE rows with a per-relation reader (or hands
+them to the sink's raw writer); a gated table's reader is swapped for one that declines,
+and its raw writer removed, so only its changes take the slow path, where admit() is
+called. Other tables keep their fast paths.
 
 Threads: the import engine changes the gate; the replication loop reads it. The table
 map is replaced, never mutated, so the loop's lookups need no lock.
@@ -81,7 +82,8 @@ class ImportGate:
         self._tables: dict[tuple[str, str], _Entry] = {}
         self._cond = threading.Condition()
         self._builder: ChangelogBuilder | None = None
-        self._saved: dict[int, object] = {}
+        #: relation id -> the (fast reader, raw writer) a gated relation had
+        self._saved: dict[int, tuple[object, object]] = {}
 
     # -- engine side ------------------------------------------------------------
 
@@ -137,7 +139,7 @@ class ImportGate:
                     if (rel.namespace, rel.name) == key and rel.read_new is _decline:
                         saved = self._saved.pop(rel.relation_id, None)
                         if saved is not None:
-                            rel.read_new = saved  # type: ignore[assignment]
+                            rel.read_new, rel.write_raw = saved  # type: ignore[assignment]
             self._cond.notify_all()
 
     def tables(self) -> list[tuple[str, str]]:
@@ -157,7 +159,9 @@ class ImportGate:
 
     def _swap(self, rel: RelationState) -> None:
         if rel.read_new is not _decline:
-            self._saved[rel.relation_id] = rel.read_new
+            self._saved[rel.relation_id] = (rel.read_new, rel.write_raw)
+            # the raw writer first: the builder tries it before the reader
+            rel.write_raw = None
             rel.read_new = _decline
 
     # -- stream side --------------------------------------------------------------

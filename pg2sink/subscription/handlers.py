@@ -48,6 +48,7 @@ class ChangelogHandler:
             message_prefixes=message_prefixes,
             via_partition_root=via_partition_root,
             emit_new_row=getattr(sink, "write_new_row", None),
+            raw_writers=getattr(sink, "raw_row_writer", None),
         )
         # bound once: these run per change and per commit
         self.feed = self.builder.feed

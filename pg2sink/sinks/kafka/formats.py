@@ -18,6 +18,7 @@ from functools import partial
 from typing import Protocol
 
 from pg2sink.changelog.avro import TableEncoder
+from pg2sink.changelog.avro_native import NativeRowEncoder
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.registry import SchemaRegistry, key_subject, value_subject, wire_header
@@ -51,6 +52,9 @@ class TableFormat(Protocol):
         """The message value of a change."""
         ...
 
+    #: the encoder of new rows from pgoutput's bytes, if any (Avro only)
+    native: NativeRowEncoder | None
+
 
 class Format(Protocol):
     """Makes a TableFormat from a table's Schema record and its topic."""
@@ -67,19 +71,23 @@ class _AvroTable:
     """A table's TableEncoder with its wire-format headers bound in.
 
     `key` and `value` are partials of the encoder's methods rather than methods that call
-    them: one Python call less per message key and per message value.
+    them: one Python call less per message key and per message value. `native` encodes
+    an Insert's or Update's new row from pgoutput's bytes straight to the key and value
+    (changelog.avro_native), when the extension is built and handles the table's types.
     """
 
-    __slots__ = ("key", "value")
+    __slots__ = ("key", "native", "value")
 
     def __init__(self, encoder: TableEncoder, value_id: int, key_id: int | None) -> None:
         key_header = wire_header(key_id) if key_id is not None else b""
+        value_header = wire_header(value_id)
         self.key: Callable[[Mapping[str, object]], bytes | None] = partial(
             encoder.encode_key, header=key_header
         )
         self.value: Callable[[Modification], bytes] = partial(
-            encoder.encode_value, header=wire_header(value_id)
+            encoder.encode_value, header=value_header
         )
+        self.native = NativeRowEncoder.build(encoder, key_header, value_header)
 
 
 class AvroFormat:
@@ -103,10 +111,11 @@ class AvroFormat:
 
 
 class _JsonTable:
-    __slots__ = ("_key_columns",)
+    __slots__ = ("_key_columns", "native")
 
     def __init__(self, key_columns: tuple[str, ...]) -> None:
         self._key_columns = key_columns
+        self.native: NativeRowEncoder | None = None  # JSON values take the Python path
 
     def key(self, row: Mapping[str, object]) -> bytes | None:
         if not self._key_columns:

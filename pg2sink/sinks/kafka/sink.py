@@ -41,11 +41,13 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
 from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from pg2sink.changelog.builder import RawRowWriter
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Message as MessageRecord
 from pg2sink.changelog.records import Modification, Operation, Record, Schema, Truncation
@@ -262,6 +264,39 @@ class KafkaSink:
         else:
             assert isinstance(record, Schema)
             self._write_schema(record)
+
+    def raw_row_writer(self, namespace: str, name: str) -> RawRowWriter | None:
+        """The builder's writer of this table's new rows (ChangelogBuilder.raw_writers):
+        key and value straight from pgoutput's bytes by the table's native encoder, then
+        produced as write() would; False when the encoder declines a message (the builder
+        then decodes it and calls write()). None: no native encoder for this table."""
+        entry = self._tables.get((namespace, name))
+        native = entry[1].native if entry is not None else None
+        if entry is None or native is None:
+            return None
+        topic = entry[0]
+        encode = native.encode
+        produce = self._produce
+        headers = self._headers
+
+        def write(
+            data: bytes, commit_time: datetime, sequence: int, lsn: int, xid: int, op: Operation
+        ) -> bool:
+            if self._failure is not None:
+                self._raise_failure()
+            encoded = encode(data, commit_time, sequence, lsn, xid, op)
+            if encoded is None:
+                return False
+            if xid != self._xid:  # as in write()
+                self._xid = xid
+                self._xid_header = ("xid", str(xid).encode())
+            headers[0] = _OPERATION_HEADERS[op]
+            headers[1] = ("lsn", b"%d" % lsn)
+            headers[2] = self._xid_header
+            produce(topic, encoded[0], encoded[1], headers)
+            return True
+
+        return write
 
     def _write_schema(self, s: Schema) -> None:
         topic = self.router.topic(s.namespace, s.name)
