@@ -476,25 +476,18 @@ put_value(char *p, const Column *col, const char *s, Py_ssize_t n)
         break;
     }
     case K_FLOAT:
-        /* struct.pack('<f', float(text)): PyFloat_Pack4 is what struct calls, its
-         * overflow check included */
-        if (parse_double(s, n, &d) < 0)
-            return -1;
-        if (PyFloat_Pack4(d, q, 1) < 0) {
+    case K_DOUBLE: {
+        /* struct.pack('<f' or '<d', float(text)): PyFloat_Pack4/8 are what struct calls,
+         * Pack4's overflow check included */
+        const int size = col->kind == K_FLOAT ? 4 : 8;
+        if (parse_double(s, n, &d) < 0 ||
+            (size == 4 ? PyFloat_Pack4(d, q, 1) : PyFloat_Pack8(d, q, 1)) < 0) {
             PyErr_Clear();
             return -1;
         }
-        q += 4;
+        q += size;
         break;
-    case K_DOUBLE:
-        if (parse_double(s, n, &d) < 0)
-            return -1;
-        if (PyFloat_Pack8(d, q, 1) < 0) {
-            PyErr_Clear();
-            return -1;
-        }
-        q += 8;
-        break;
+    }
     case K_DECIMAL: {
         unsigned char bytes[9];
         if (parse_decimal(s, n, col, &v) < 0)
