@@ -113,3 +113,52 @@ def test_a_keyless_tables_changes_the_import_carries_are_left_out(db: Database) 
         builder.feed(data, at)
     # the visible INSERT is left out (it is an import row); what follows passes
     assert _ops(out) == [("TRUNCATE", None), ("INSERT", {"x": 2, "y": "after"})]
+
+
+def test_a_gated_tables_raw_writer_is_set_aside_until_it_leaves(db: Database) -> None:
+    """A sink's raw writer (the Kafka sink's C encoder) would bypass admit(): the gate
+    removes it with the fast reader and puts both back when the table leaves."""
+    conn = db.connect()
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    messages, vis, lsn = _changes(
+        conn,
+        db,
+        [
+            "INSERT INTO t VALUES (1, 'seen')",
+            "UPDATE t SET v = 'newer' WHERE id = 1",
+            "INSERT INTO t VALUES (2, 'later')",
+        ],
+    )
+    out: list[Record] = []
+    raw: list[bytes] = []
+
+    def write_raw(data: bytes, *_: object) -> bool:
+        raw.append(data)
+        return True
+
+    builder = ChangelogBuilder(
+        Catalog(conn), out.append, json_values=True, raw_writers=lambda ns, name: write_raw
+    )
+    gate = ImportGate()
+    gate.attach(builder)
+    gate.hold("public", "t", keyless=False)
+    gate.open_snapshot("public", "t", vis, lsn)
+    held_at = None
+    for i, (at, data) in enumerate(messages):
+        try:
+            builder.feed(data, at)
+        except GateHeld:
+            held_at = i
+            break
+    assert held_at is not None
+    (rel,) = builder.relations.values()
+    assert rel.write_raw is None and raw == []  # the INSERT went through admit()
+    assert _ops(out) == [("INSERT", {"id": 1, "v": "seen"})]
+    gate.finish("public", "t")
+    for at, data in messages[held_at:]:
+        builder.feed(data, at)
+    assert gate.tables() == []
+    assert rel.write_raw is write_raw
+    # the UPDATE took the slow path (it left the gate); the last INSERT the raw writer
+    assert _ops(out)[-1] == ("UPDATE", {"id": 1, "v": "newer"})
+    assert len(raw) == 1 and raw[0][0] == ord("I")

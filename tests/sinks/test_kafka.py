@@ -31,9 +31,11 @@ from confluent_kafka.cimpl import NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pg2sink import cli
+from pg2sink.catalog.catalog import Catalog
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.config import KafkaConfig, Settings
 from pg2sink.errors import ConfigError, SinkError
@@ -43,6 +45,7 @@ from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.formats import modification_json
 from pg2sink.sinks.kafka.sink import producer_settings
 from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
+from pg2sink.subscription.handlers import ChangelogHandler
 from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for
 from tests.conftest import run_cli as conftest_run_cli
 from tests.support import FAST, Proc
@@ -910,3 +913,91 @@ def test_broker_outage_loses_nothing_and_keeps_per_key_order(
     err = p.stderr()
     assert "unreachable" in err and "retrying" in err and "reachable again" in err
     assert p.stop() == 0
+
+
+@pytest.mark.slow
+def test_new_rows_go_through_the_native_encoder_and_read_back_equal(
+    db: Database, kafka_stack: KafkaStack, topic_prefix: str, reader: Callable[..., Reader]
+) -> None:
+    """The builder hands Inserts and Updates to the sink's raw writer (the C encoder);
+    a value it declines (an infinite timestamp) takes the Python path in the same
+    transaction, and every message reads back as the database has it."""
+    conn = db.connect()
+    conn.execute("SET synchronous_commit = on")  # decoding reads flushed WAL only
+    conn.execute(
+        "CREATE TABLE n (id int8 PRIMARY KEY, name text, amount numeric(12,2),"
+        " at timestamptz, flag bool, doc jsonb)"
+    )
+    conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE n").format(sql.Identifier(db.publication))
+    )
+    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (db.slot,))
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO n SELECT i, 'name ' || i, i * 1.25, timestamptz '2024-05-06 07:08:09.5+02'"
+            " + i * interval '1 hour', i % 2 = 0, jsonb_build_object('i', i)"
+            " FROM generate_series(1, 50) i"
+        )
+        conn.execute("INSERT INTO n VALUES (51, NULL, NULL, 'infinity', NULL, NULL)")
+        conn.execute("UPDATE n SET name = 'ünïcode ' || id, amount = -amount WHERE id <= 5")
+    messages = conn.execute(
+        "SELECT lsn - '0/0', data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL,"
+        " 'proto_version', '1', 'publication_names', %s)",
+        (db.slot, db.publication),
+    ).fetchall()
+    sink = KafkaSink(
+        KafkaConfig(
+            kafka_stack.bootstrap_servers,
+            schema_registry_url=kafka_stack.registry_url,
+            topic_prefix=topic_prefix,
+        )
+    )
+    sink.open()
+    written: list[bool] = []
+
+    def counted(namespace: str, name: str) -> Callable[..., bool] | None:
+        raw = sink.raw_row_writer(namespace, name)
+        if raw is None:
+            return None
+
+        def write(*args: Any) -> bool:
+            written.append(raw(*args))
+            return written[-1]
+
+        return write
+
+    try:
+        handler = ChangelogHandler(Catalog(conn), sink)
+        handler.builder.raw_writers = counted
+        end = 0
+        for lsn, data in messages:
+            end = handler.feed(bytes(data), int(lsn)) or end
+        assert end
+        handler.checkpoint(end)
+        assert sink.flush() == end
+    finally:
+        sink.close()
+    # 50 inserts and 5 updates encoded in C; the infinite timestamp declined
+    assert written.count(True) == 55 and written.count(False) == 1
+    rows = {
+        r[0]: r
+        for r in conn.execute(
+            "SELECT id, name, amount, nullif(at, 'infinity'), flag, doc::text FROM n"
+        ).fetchall()
+    }
+    got = reader(f"{topic_prefix}.public.n").read(56)
+    assert [m.value["sequence"] for m in got] == list(range(56))
+    last: dict[int, dict[str, Any]] = {}
+    for m in got:
+        assert m.key == {"id": m.value["after"]["id"]}
+        last[m.value["after"]["id"]] = m.value["after"]
+    assert last.keys() == rows.keys()
+    for key, after in last.items():
+        _, name, amount, at, flag, doc = rows[key]
+        assert (after["name"], after["amount"], after["flag"], after["doc"]) == (
+            name,
+            amount,
+            flag,
+            doc,
+        )
+        assert after["at"] == ("infinity" if key == 51 else at)
