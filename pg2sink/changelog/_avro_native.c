@@ -417,6 +417,31 @@ put_decimal_bytes(unsigned char *p, int64_t n)
 
 /* --- one column value: its Avro union branch 1 (byte 2) and the value -------------- */
 
+/* The Avro int/long of the kinds stored as one: 0 and the value, or -1 to decline. */
+static int
+long_value(int kind, const char *s, Py_ssize_t n, int64_t *v)
+{
+    switch (kind) {
+    case K_INT:
+        return parse_int64(s, n, v) < 0 || *v < INT32_MIN || *v > INT32_MAX ? -1 : 0;
+    case K_LONG:
+        return parse_int64(s, n, v);
+    case K_DATE:
+        return parse_date(s, n, v);
+    case K_TIME:
+        return parse_time(s, n, v);
+    case K_TIMESTAMP:
+        return parse_timestamp(s, n, v);
+    case K_TIMESTAMPTZ:
+        /* TimeZone=UTC: every value ends in '+00' */
+        if (n < 3 || memcmp(s + n - 3, "+00", 3) != 0)
+            return -1;
+        return parse_timestamp(s, n - 3, v);
+    default:
+        return -1;
+    }
+}
+
 /* Worst-case bytes of a column's encoding, beyond its text length: branch, a 10-byte
  * length varint, 8 bytes of double, 9 of decimal. */
 #define VALUE_SLACK 32
@@ -437,12 +462,12 @@ put_value(char *p, const Column *col, const char *s, Py_ssize_t n)
         *q++ = s[0] == 't';
         break;
     case K_INT:
-        if (parse_int64(s, n, &v) < 0 || v < INT32_MIN || v > INT32_MAX)
-            return -1;
-        q += put_long(q, v);
-        break;
     case K_LONG:
-        if (parse_int64(s, n, &v) < 0)
+    case K_DATE:
+    case K_TIME:
+    case K_TIMESTAMP:
+    case K_TIMESTAMPTZ:
+        if (long_value(col->kind, s, n, &v) < 0)
             return -1;
         q += put_long(q, v);
         break;
@@ -498,27 +523,6 @@ put_value(char *p, const Column *col, const char *s, Py_ssize_t n)
         q += len;
         break;
     }
-    case K_DATE:
-        if (parse_date(s, n, &v) < 0)
-            return -1;
-        q += put_long(q, v);
-        break;
-    case K_TIME:
-        if (parse_time(s, n, &v) < 0)
-            return -1;
-        q += put_long(q, v);
-        break;
-    case K_TIMESTAMP:
-        if (parse_timestamp(s, n, &v) < 0)
-            return -1;
-        q += put_long(q, v);
-        break;
-    case K_TIMESTAMPTZ:
-        /* TimeZone=UTC: every value ends in '+00' */
-        if (n < 3 || memcmp(s + n - 3, "+00", 3) != 0 || parse_timestamp(s, n - 3, &v) < 0)
-            return -1;
-        q += put_long(q, v);
-        break;
     default:
         return -1;
     }
