@@ -17,7 +17,8 @@ pg2sink then runs on the Python path alone.
 
 Why C: for bench-stream's 6 columns the Python path spends ~7 us of interpreter work
 per change (typed decode 1.6, Modification 0.85, Avro value 3.8, key 0.7); the same
-bytes come straight from the text PostgreSQL sent in well under a microsecond.
+bytes come straight from the text PostgreSQL sent in well under a microsecond (callgrind:
+85,760 -> ~2,760 instructions per change for the decode and both encodings).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ _KINDS: Mapping[tuple[object, object], Kind] = {
 }
 
 
-def _column_plan(field: Mapping[str, Any]) -> tuple[int, int, int] | None:
+def _column_kind(field: Mapping[str, Any]) -> tuple[int, int, int] | None:
     """(kind, precision, scale) of a row record's field, None if the C code cannot write it."""
     union = field.get("type")
     # typemap.nullable: ["null", T] or ["null", T, "string"]; T is branch 1 either way
@@ -134,7 +135,7 @@ def _columns(encoder: TableEncoder) -> tuple[list[tuple[int, int, int]], list[in
     fields = row["fields"]
     columns: list[tuple[int, int, int]] = []
     for field in fields:
-        column = _column_plan(field)
+        column = _column_kind(field)
         if column is None:
             return None
         columns.append(column)
@@ -196,9 +197,9 @@ class NativeRowEncoder:
         name = encoder.value.get("pg.table")
         if not isinstance(namespace, str) or not isinstance(name, str):
             return None
-        plan = _columns(encoder)
-        if plan is None:
+        shape = _columns(encoder)
+        if shape is None:
             return None
-        columns, key = plan
+        columns, key = shape
         names = _string(namespace) + _string(name)
         return cls(RowEncoder(columns, key, key_header, value_header, names, _EPOCH_UTC))
