@@ -11,7 +11,7 @@
  * Contract: the output is byte for byte what TableEncoder.encode_value/encode_key give
  * (with the wire headers) for the same change; tests/changelog/test_avro_native.py checks
  * it against the Python path on values a real PostgreSQL sent. Whatever this code does
- * not handle exactly (an old tuple, a binary or unchanged-TOAST value, a text form it
+ * not handle exactly (an old tuple, a binary value, a text form it
  * does not expect, a value outside its Avro type) makes it return None: "decline", and
  * the caller takes the Python path, which writes the record or reports the problem. It
  * never raises for a value, only for a `data` that is not bytes.
@@ -58,6 +58,8 @@ typedef struct {
     int precision; /* K_DECIMAL only */
     int scale;     /* K_DECIMAL only, 0 <= scale */
     uint64_t bound; /* K_DECIMAL only: 10^max(precision, 1), 0 from 19 digits on */
+    const char *field; /* the Avro string of the field's name (for unchanged_toast) */
+    Py_ssize_t field_n;
 } Column;
 
 
@@ -533,11 +535,15 @@ put_value(char *p, const Column *col, const char *s, Py_ssize_t n)
 
 typedef struct {
     PyObject_HEAD
+    int ready; /* __init__ succeeded */
     Py_ssize_t ncols;
     Py_ssize_t nkey;   /* -1: the table has no key */
     Column *cols;
     Py_ssize_t *key;   /* column index of each key field, in key order */
     Py_ssize_t *spans; /* scratch: start and end of each column's bytes in the value */
+    Py_ssize_t *toast; /* scratch: the columns whose value is unchanged TOAST */
+    PyObject *fields;  /* tuple of bytes that Column.field points into */
+    Py_ssize_t fields_n; /* their total length */
     PyObject *key_header;   /* bytes */
     PyObject *value_header; /* bytes */
     PyObject *names;        /* bytes: Avro strings namespace and name */
@@ -557,6 +563,8 @@ RowEncoder_dealloc(RowEncoder *self)
     PyMem_Free(self->cols);
     PyMem_Free(self->key);
     PyMem_Free(self->spans);
+    PyMem_Free(self->toast);
+    Py_XDECREF(self->fields);
     Py_XDECREF(self->key_header);
     Py_XDECREF(self->value_header);
     Py_XDECREF(self->names);
@@ -591,15 +599,24 @@ RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds)
     }
     self->cols = PyMem_Calloc((size_t)self->ncols + 1, sizeof(Column));
     self->spans = PyMem_Calloc(2 * (size_t)self->ncols + 1, sizeof(Py_ssize_t));
-    if (self->cols == NULL || self->spans == NULL) {
+    self->toast = PyMem_Calloc((size_t)self->ncols + 1, sizeof(Py_ssize_t));
+    self->fields = PyTuple_New(self->ncols);
+    if (self->cols == NULL || self->spans == NULL || self->toast == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
+    if (self->fields == NULL)
+        goto fail;
     for (Py_ssize_t i = 0; i < self->ncols; i++) {
         Column *c = &self->cols[i];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(cols_seq, i), "iii", &c->kind,
-                              &c->precision, &c->scale))
+        PyObject *field;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(cols_seq, i), "iiiS", &c->kind,
+                              &c->precision, &c->scale, &field))
             goto fail;
+        PyTuple_SET_ITEM(self->fields, i, Py_NewRef(field));
+        c->field = PyBytes_AS_STRING(field);
+        c->field_n = PyBytes_GET_SIZE(field);
+        self->fields_n += c->field_n;
         if (c->kind < K_BOOLEAN || c->kind > K_NUMERIC || c->scale < 0 ||
             c->precision < 0) {
             PyErr_Format(PyExc_ValueError, "invalid column %zd", i);
@@ -637,6 +654,7 @@ RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds)
     self->value_header = Py_NewRef(value_header);
     self->names = Py_NewRef(names);
     self->epoch = Py_NewRef(epoch);
+    self->ready = 1;
     Py_DECREF(cols_seq);
     Py_XDECREF(key_seq);
     return 0;
@@ -708,7 +726,7 @@ PyDoc_STRVAR(
     "encode(data, commit_time, sequence, lsn, xid, op) -> (key | None, value) | None\n\n"
     "data: an Insert or Update message (pgoutput, protocol 1), bytes. value = the value "
     "header and the Modification envelope (timestamp, sequence, lsn, xid, operation, "
-    "namespace, name, before = null, after = the new row, unchanged_toast = [], "
+    "namespace, name, before = null, after = the new row, unchanged_toast, "
     "truncate = null); key = the key header and the key record, None for a table without "
     "key. None: declined, take the Python path.");
 
@@ -724,7 +742,7 @@ RowEncoder_encode(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "encode: data must be bytes");
         return NULL;
     }
-    if (self->cols == NULL) {
+    if (!self->ready) {
         PyErr_SetString(PyExc_TypeError, "RowEncoder not initialised");
         return NULL;
     }
@@ -756,7 +774,7 @@ RowEncoder_encode(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs)
                      names_n = PyBytes_GET_SIZE(self->names);
     /* the row's encoding is at most its texts plus VALUE_SLACK per column */
     if (reserve((size_t)(header_n + 40 + self->op_n + names_n + 2 + n +
-                         VALUE_SLACK * self->ncols + 2)) < 0)
+                         VALUE_SLACK * self->ncols + 10 + self->fields_n + 2)) < 0)
         return NULL;
     /* the envelope up to `after`: header, timestamp, sequence, lsn, xid, operation,
      * namespace, name, before = null (branch 0), after = branch 1 */
@@ -776,6 +794,7 @@ RowEncoder_encode(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs)
 
     Py_ssize_t off = 8;
     Py_ssize_t *spans = self->spans;
+    Py_ssize_t ntoast = 0;
     for (Py_ssize_t i = 0; i < self->ncols; i++) {
         if (off >= n)
             Py_RETURN_NONE;
@@ -798,15 +817,30 @@ RowEncoder_encode(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs)
             *p++ = 0; /* union branch 0: null */
             off++;
         }
+        else if (kind == 'u') {
+            /* an unchanged TOASTed value PostgreSQL did not send: null, and the field
+             * listed in unchanged_toast (as TableEncoder writes it; a key field too) */
+            *p++ = 0;
+            self->toast[ntoast++] = i;
+            off++;
+        }
         else {
-            /* 'u' (unchanged TOAST: listed in unchanged_toast) or 'b' (binary) */
-            Py_RETURN_NONE;
+            Py_RETURN_NONE; /* 'b' (binary: only if asked for) or anything else */
         }
         spans[2 * i + 1] = p - out_buf;
     }
     if (off != n)
         Py_RETURN_NONE; /* trailing bytes */
-    /* unchanged_toast: an empty array (its closing block); truncate: null */
+    /* unchanged_toast: one block of the field names, if any, then the closing block;
+     * truncate: null */
+    if (ntoast) {
+        p += put_long(p, ntoast);
+        for (Py_ssize_t t = 0; t < ntoast; t++) {
+            const Column *c = &self->cols[self->toast[t]];
+            memcpy(p, c->field, (size_t)c->field_n);
+            p += c->field_n;
+        }
+    }
     *p++ = 0;
     *p++ = 0;
 
@@ -858,8 +892,8 @@ static PyMethodDef RowEncoder_methods[] = {
 
 PyDoc_STRVAR(RowEncoder_doc,
              "RowEncoder(columns, key, key_header, value_header, names, epoch)\n\n"
-             "columns: (kind, precision, scale) per column of the table, in order (kinds: "
-             "avro_native.Kind); key: the column index of each key field in key order, or "
+             "columns: (kind, precision, scale, Avro string of the field name) per column "
+             "of the table, in order (kinds: avro_native.Kind); key: the column index of each key field in key order, or "
              "None for a table without key; key_header, value_header: the wire-format "
              "headers; names: the Avro strings of the namespace and table name; epoch: "
              "datetime(1970, 1, 1, tzinfo=UTC).");

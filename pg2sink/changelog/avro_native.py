@@ -8,7 +8,7 @@ Contract: the bytes are exactly those of the Python path (the row decoded by
 changelog.typemap, a Modification, `TableEncoder.encode_value`/`encode_key` with the wire
 headers); tests/changelog/test_avro_native.py compares the two on values a real
 PostgreSQL sent. `encode` returns None ("declined") for anything it does not handle
-exactly: an Update with an old tuple, unchanged TOAST or binary values, a text form or
+exactly: an Update with an old tuple, a binary value, a text form or
 value the C code does not expect (infinity, BC dates, NaN in numeric(p,s), a decimal
 beyond int64...). The caller then takes the Python path, which writes the record or
 reports the problem. `build` returns None for a table with a column type the C code
@@ -124,21 +124,23 @@ def _column_kind(field: Mapping[str, Any]) -> tuple[int, int, int] | None:
     return kind, 0, 0
 
 
-def _columns(encoder: TableEncoder) -> tuple[list[tuple[int, int, int]], list[int] | None] | None:
-    """The C encoder's columns (kind, precision, scale) of the encoder's row record and
-    its key (row column index of each key field, in key order); None if it has a column
-    the C code cannot write."""
+def _columns(
+    encoder: TableEncoder,
+) -> tuple[list[tuple[int, int, int, bytes]], list[int] | None] | None:
+    """The C encoder's columns of the encoder's row record (kind, precision, scale, the
+    Avro string of the field name for unchanged_toast) and its key (row column index of
+    each key field, in key order); None if it has a column the C code cannot write."""
     before = next((f for f in encoder.value["fields"] if f["name"] == "before"), None)
     if before is None:
         return None
     row = before["type"][1]
     fields = row["fields"]
-    columns: list[tuple[int, int, int]] = []
+    columns: list[tuple[int, int, int, bytes]] = []
     for field in fields:
         column = _column_kind(field)
         if column is None:
             return None
-        columns.append(column)
+        columns.append((*column, _string(field["name"])))
     key: list[int] | None = None
     if encoder.key is not None:
         position = {f["pg.column"]: i for i, f in enumerate(fields)}

@@ -351,9 +351,9 @@ def test_random_values_give_the_python_paths_bytes(db: Database) -> None:
         assert _native(native, change) == expected, change.modification.after
 
 
-# bytes a mutation puts into a value's text: digits, signs and the letters of the
+# bytes a mutation puts into a value's text: digits, signs, kind bytes, the letters of the
 # special values, separators, hex, a NUL, invalid and valid UTF-8
-MUTATIONS = b"0123456789-+.:eE tfNaInfinityx\\abcdefABCDEF\x00\xff\xc3\xa9 BC"
+MUTATIONS = b"0123456789-+.:eE tfuNaInfinityx\\abcdefABCDEF\x00\xff\xc3\xa9 BC"
 
 
 def test_mutated_messages_are_declined_or_written_as_the_python_path(db: Database) -> None:
@@ -423,24 +423,27 @@ def test_declines_what_it_does_not_write_exactly(db: Database) -> None:
         _python_path(encoder, m)
 
 
-def test_declines_old_tuples_toast_and_malformed_messages(db: Database) -> None:
+def test_unchanged_toast_and_declines_old_tuples_and_malformed_messages(db: Database) -> None:
     conn = _session(db)
     conn.execute("CREATE TABLE f (id int PRIMARY KEY, v text)")
     conn.execute("ALTER TABLE f REPLICA IDENTITY FULL")
-    conn.execute("CREATE TABLE big (id int PRIMARY KEY, n int, blob text)")
-    conn.execute("ALTER TABLE big ALTER COLUMN blob SET STORAGE EXTERNAL")  # TOASTed as is
+    conn.execute('CREATE TABLE big (id int PRIMARY KEY, n int, blob text, "2nd blob" text)')
+    # stored out of line as they are (no compression): TOASTed, hence 'u' when unchanged
+    conn.execute("ALTER TABLE big ALTER COLUMN blob SET STORAGE EXTERNAL")
+    conn.execute('ALTER TABLE big ALTER COLUMN "2nd blob" SET STORAGE EXTERNAL')
     _start(conn, db)
     conn.execute("INSERT INTO f VALUES (1, 'a')")
     conn.execute("UPDATE f SET v = 'b'")  # carries the old row ('O')
     conn.execute("UPDATE f SET id = 2")
-    conn.execute("INSERT INTO big VALUES (1, 0, repeat('x', 10000))")
-    conn.execute("UPDATE big SET n = 1")  # blob unchanged and TOASTed: 'u'
+    conn.execute("INSERT INTO big VALUES (1, 0, repeat('x', 10000), repeat('y', 9000))")
+    conn.execute("UPDATE big SET n = 1")  # both blobs unchanged and TOASTed: 'u'
+    conn.execute("UPDATE big SET n = 2, blob = 'short'")  # the second one unchanged
     conn.execute("UPDATE big SET id = 2, blob = 'short'")  # a new key: the old one ('K')
     schemas, changes = _changes(conn, db)
     encoders = _encoders(schemas)
     by_table = {name: [c for c in changes if c.modification.name == name] for name in encoders}
     f_insert, *f_updates = by_table["f"]
-    big_insert, big_update, big_new_key = by_table["big"]
+    big_insert, big_update, big_update_2, big_new_key = by_table["big"]
     f_encoder, f_native = encoders["f"]
     big_encoder, big_native = encoders["big"]
     # REPLICA IDENTITY FULL: no key, and its updates carry the old tuple
@@ -448,8 +451,16 @@ def test_declines_old_tuples_toast_and_malformed_messages(db: Database) -> None:
     assert _native(f_native, f_insert) is not None
     assert [_native(f_native, c) for c in f_updates] == [None, None]
     assert _native(big_native, big_insert) == _python_path(big_encoder, big_insert.modification)
-    assert big_update.data.count(b"u") >= 1
-    assert _native(big_native, big_update) is None
+    # unchanged TOAST: null in `after`, the fields listed in unchanged_toast
+    for update, unchanged in ((big_update, ["blob", "_2nd_blob"]), (big_update_2, ["_2nd_blob"])):
+        assert update.data.count(b"u") == len(unchanged)
+        got = _native(big_native, update)
+        assert got == _python_path(big_encoder, update.modification)
+        assert got is not None and got[1].endswith(
+            bytes([len(unchanged) * 2])
+            + b"".join(bytes([len(f) * 2]) + f.encode() for f in unchanged)
+            + b"\x00\x00"
+        )
     assert big_new_key.data[5:6] == b"K" and _native(big_native, big_new_key) is None
     # another table's message (column count), trailing bytes, a cut message, binary
     data = big_insert.data
