@@ -62,10 +62,11 @@ typedef struct {
     Py_ssize_t field_n;
 } Column;
 
-
 /* --- output buffer ------------------------------------------------------------------
- * One growing buffer for the whole module: every call holds the GIL and calls no Python
- * code while writing, so no two calls ever use it at once. */
+ * One growing buffer for the whole module: every call holds the GIL and runs no Python
+ * code between its first write to the buffer and its last read (the result tuple, whose
+ * allocation may run the garbage collector and so finalizers, comes after), so no two
+ * calls ever use it at once. */
 
 static char *out_buf = NULL;
 static size_t out_cap = 0;
