@@ -489,20 +489,22 @@ def test_key_in_key_order_and_tables_without_key(db: Database) -> None:
     # the primary key's order (b, a) is not the table's (a, b)
     conn.execute("CREATE TABLE ck (a text, z int, b int4, PRIMARY KEY (b, a))")
     conn.execute("CREATE TABLE nokey (a int, b text)")
+    conn.execute("CREATE TABLE nothing ()")
     _start(conn, db)
     conn.execute("INSERT INTO ck VALUES ('x', 1, 2), ('ü', NULL, -2147483648)")
     conn.execute("UPDATE ck SET z = 5 WHERE b = 2")
     conn.execute("INSERT INTO nokey VALUES (1, 'one'), (NULL, NULL)")
+    conn.execute("INSERT INTO nothing DEFAULT VALUES")
     schemas, changes = _changes(conn, db)
     encoders = _encoders(schemas)
     assert encoders["nokey"][0].key is None
-    assert len(changes) == 5
+    assert len(changes) == 6
     for change in changes:
         encoder, native = encoders[change.modification.name]
         expected = _python_path(encoder, change.modification)
         got = _native(native, change)
         assert got == expected
-        assert (got[0] is None) == (change.modification.name == "nokey")
+        assert (got[0] is None) == (change.modification.name in ("nokey", "nothing"))
     # key record: b then a, each the union branch byte and the value
     ck_first = next(c for c in changes if c.modification.name == "ck")
     got = _native(encoders["ck"][1], ck_first)
