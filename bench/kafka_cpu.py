@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 import services  # noqa: E402
 from callgrind_stream import RecordedCatalog, ReplayStream  # noqa: E402
-from common import start_kafka  # noqa: E402
+from common import cpu_seconds, start_kafka  # noqa: E402
 
 from pg2sink.config import KafkaConfig  # noqa: E402
 from pg2sink.sinks.kafka import KafkaSink  # noqa: E402
@@ -89,10 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         replay_round(saved, target.bootstrap_servers, target.registry_url)  # warm-up
         process: list[float] = []
         thread: list[float] = []
+        broker: list[float] = []
+        pid = target.broker_pid
         for _ in range(args.rounds):
+            before = cpu_seconds(pid) if pid is not None else None
             p, t, w, changes = replay_round(saved, target.bootstrap_servers, target.registry_url)
+            after = cpu_seconds(pid) if pid is not None else None
             process.append(p * 1e6 / changes)
             thread.append(t * 1e6 / changes)
+            if before is not None and after is not None:
+                broker.append((after - before) * 1e6 / changes)
             print(
                 f"round: {p:.2f} s process, {t:.2f} s main thread, {w:.2f} s wall"
                 f" (load-dependent), {changes:,} changes"
@@ -100,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"us of CPU per change (median of {args.rounds}): process "
         f"{statistics.median(process):.2f}, main thread {statistics.median(thread):.2f}"
+        + (f"; the broker's {statistics.median(broker):.2f}" if broker else "")
     )
     return 0
 
