@@ -50,12 +50,14 @@ enum Kind {
     K_TIME = 10,       /* long time-micros: 'HH:MM:SS[.f]' */
     K_TIMESTAMP = 11,  /* long local-timestamp-micros: 'YYYY-MM-DD HH:MM:SS[.f]' */
     K_TIMESTAMPTZ = 12, /* long timestamp-micros: the same, then '+00' */
-    K_NUMERIC = 13      /* string: an unconstrained numeric's text, checked */
+    K_NUMERIC = 13,     /* string: an unconstrained numeric's text, checked */
+    K_ARRAY = 14        /* array of ["null", item]: a one-dimensional array_out text */
 };
 
 typedef struct {
     int kind;
-    int precision; /* K_DECIMAL only */
+    int item;      /* K_ARRAY only: the kind of the elements (not a string kind) */
+    int precision; /* K_DECIMAL only (or an array of it) */
     int scale;     /* K_DECIMAL only, 0 <= scale */
     uint64_t bound; /* K_DECIMAL only: 10^max(precision, 1), 0 from 19 digits on */
     const char *field; /* the Avro string of the field's name (for unchanged_toast) */
@@ -448,9 +450,111 @@ long_value(int kind, const char *s, Py_ssize_t n, int64_t *v)
 /* Worst-case bytes of a column's encoding, beyond its text length: branch, a 10-byte
  * length varint, 8 bytes of double, 9 of decimal. */
 #define VALUE_SLACK 32
+/* An array's encoding is at most ARRAY_FACTOR times its text (plus VALUE_SLACK): per
+ * element of at least 2 bytes of text ('1,'), at most 12 bytes beyond its text. */
+#define ARRAY_FACTOR 8
 
-/* Writes the encoding of a non-null text value at p; returns its length or -1 to
- * decline. The buffer has room for n + VALUE_SLACK bytes. */
+static Py_ssize_t put_value(char *p, const Column *col, const char *s, Py_ssize_t n);
+
+/* The next element of a one-dimensional array_out text s[0:n] from *pos (just after '{'
+ * or a ','): its text at *elem, *elem_n, whether it is NULL, and *pos just after the ','
+ * or the closing '}'. Returns 1 after the last element, 0 before another, -1 to decline.
+ *
+ * array_out quotes an element holding white space (timestamps), a quote, a backslash,
+ * a delimiter or a brace, or spelling NULL; only quoted elements without backslash are
+ * taken (the element types here never need one), anything else declines: several
+ * dimensions ('{{'), a lower-bound decoration ('[0:1]={...}'), white space outside quotes.
+ * https://www.postgresql.org/docs/current/arrays.html#ARRAYS-IO */
+static int
+next_element(const char *s, Py_ssize_t n, Py_ssize_t *pos, const char **elem,
+             Py_ssize_t *elem_n, int *is_null)
+{
+    Py_ssize_t i = *pos, start, end;
+    *is_null = 0;
+    if (i < n && s[i] == '"') {
+        start = ++i;
+        while (i < n && s[i] != '"') {
+            if (s[i] == '\\')
+                return -1;
+            i++;
+        }
+        if (i >= n)
+            return -1;
+        end = i++;
+    }
+    else {
+        start = i;
+        while (i < n && s[i] != ',' && s[i] != '}') {
+            char c = s[i];
+            if (c == '"' || c == '{' || c == '\\' || c == ' ' || c == '\t' || c == '\n' ||
+                c == '\r' || c == '\v' || c == '\f')
+                return -1;
+            i++;
+        }
+        end = i;
+        if (end == start)
+            return -1; /* '{,}' or '{1,}': Python rejects an empty element */
+        /* an unquoted NULL, in any letter case, is a NULL element */
+        *is_null = end - start == 4 && (s[start] | 0x20) == 'n' &&
+                   (s[start + 1] | 0x20) == 'u' && (s[start + 2] | 0x20) == 'l' &&
+                   (s[start + 3] | 0x20) == 'l';
+    }
+    if (i >= n)
+        return -1;
+    *elem = s + start;
+    *elem_n = end - start;
+    *pos = i + 1;
+    if (s[i] == '}')
+        return i + 1 == n ? 1 : -1;
+    return s[i] == ',' ? 0 : -1;
+}
+
+/* An array column's value after its union branch: Avro blocks as TableEncoder writes
+ * them, one block of all elements (count, then each as ["null", item]: 0, or 2 and the
+ * item), then the closing 0; an empty array is the closing 0 alone. */
+static Py_ssize_t
+put_array(char *p, const Column *col, const char *s, Py_ssize_t n)
+{
+    const Column item = {.kind = col->item,
+                         .precision = col->precision,
+                         .scale = col->scale,
+                         .bound = col->bound};
+    char *q = p;
+    if (n < 2 || s[0] != '{' || s[n - 1] != '}')
+        return -1;
+    if (n > 2) {
+        /* first pass: the element count, which precedes the elements */
+        Py_ssize_t count = 0, pos = 1, elem_n;
+        const char *elem;
+        int is_null, more;
+        do {
+            more = next_element(s, n, &pos, &elem, &elem_n, &is_null);
+            if (more < 0)
+                return -1;
+            count++;
+        } while (more == 0);
+        q += put_long(q, count);
+        pos = 1;
+        do {
+            more = next_element(s, n, &pos, &elem, &elem_n, &is_null);
+            if (is_null) {
+                *q++ = 0;
+            }
+            else {
+                Py_ssize_t w = put_value(q, &item, elem, elem_n); /* not an array */
+                if (w < 0)
+                    return -1;
+                q += w;
+            }
+        } while (more == 0);
+    }
+    *q++ = 0;
+    return q - p;
+}
+
+/* Writes the encoding of a non-null text value at p: union branch 1, then the value.
+ * Returns its length or -1 to decline. The buffer has room for n + VALUE_SLACK bytes
+ * (n * ARRAY_FACTOR + VALUE_SLACK for an array). */
 static Py_ssize_t
 put_value(char *p, const Column *col, const char *s, Py_ssize_t n)
 {
@@ -526,6 +630,13 @@ put_value(char *p, const Column *col, const char *s, Py_ssize_t n)
         q += len;
         break;
     }
+    case K_ARRAY: {
+        Py_ssize_t w = put_array(q, col, s, n);
+        if (w < 0)
+            return -1;
+        q += w;
+        break;
+    }
     default:
         return -1;
     }
@@ -545,6 +656,7 @@ typedef struct {
     Py_ssize_t *toast; /* scratch: the columns whose value is unchanged TOAST */
     PyObject *fields;  /* tuple of bytes that Column.field points into */
     Py_ssize_t fields_n; /* their total length */
+    int text_factor;     /* output bytes per text byte at most: ARRAY_FACTOR with arrays */
     PyObject *key_header;   /* bytes */
     PyObject *value_header; /* bytes */
     PyObject *names;        /* bytes: Avro strings namespace and name */
@@ -611,24 +723,33 @@ RowEncoder_init(RowEncoder *self, PyObject *args, PyObject *kwds)
     for (Py_ssize_t i = 0; i < self->ncols; i++) {
         Column *c = &self->cols[i];
         PyObject *field;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(cols_seq, i), "iiiS", &c->kind,
-                              &c->precision, &c->scale, &field))
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(cols_seq, i), "iiiiS", &c->kind,
+                              &c->item, &c->precision, &c->scale, &field))
             goto fail;
         PyTuple_SET_ITEM(self->fields, i, Py_NewRef(field));
         c->field = PyBytes_AS_STRING(field);
         c->field_n = PyBytes_GET_SIZE(field);
         self->fields_n += c->field_n;
-        if (c->kind < K_BOOLEAN || c->kind > K_NUMERIC || c->scale < 0 ||
-            c->precision < 0) {
+        /* an array's items: no strings (they need quoting and escapes), no arrays */
+        const int item_ok = c->item == 0 ||
+                            (c->kind == K_ARRAY && c->item != K_STRING && c->item != K_BYTES &&
+                             c->item != K_NUMERIC && c->item >= K_BOOLEAN &&
+                             c->item <= K_TIMESTAMPTZ);
+        if (c->kind < K_BOOLEAN || c->kind > K_ARRAY || (c->kind == K_ARRAY) != (c->item != 0) ||
+            !item_ok || c->scale < 0 || c->precision < 0) {
             PyErr_Format(PyExc_ValueError, "invalid column %zd", i);
             goto fail;
         }
-        if (c->kind == K_DECIMAL && c->precision < 19) {
+        if (c->kind == K_ARRAY)
+            self->text_factor = ARRAY_FACTOR;
+        if ((c->kind == K_DECIMAL || c->item == K_DECIMAL) && c->precision < 19) {
             c->bound = 1;
             for (int k = 0; k < (c->precision > 1 ? c->precision : 1); k++)
                 c->bound *= 10;
         }
     }
+    if (self->text_factor == 0)
+        self->text_factor = 1;
     self->nkey = -1;
     if (key != Py_None) {
         key_seq = PySequence_Fast(key, "key must be a sequence or None");
@@ -773,8 +894,9 @@ RowEncoder_encode(RowEncoder *self, PyObject *const *args, Py_ssize_t nargs)
 
     const Py_ssize_t header_n = PyBytes_GET_SIZE(self->value_header),
                      names_n = PyBytes_GET_SIZE(self->names);
-    /* the row's encoding is at most its texts plus VALUE_SLACK per column */
-    if (reserve((size_t)(header_n + 40 + self->op_n + names_n + 2 + n +
+    /* the row's encoding is at most its texts (times the array factor) plus VALUE_SLACK
+     * per column */
+    if (reserve((size_t)(header_n + 40 + self->op_n + names_n + 2 + n * self->text_factor +
                          VALUE_SLACK * self->ncols + 10 + self->fields_n + 2)) < 0)
         return NULL;
     /* the envelope up to `after`: header, timestamp, sequence, lsn, xid, operation,

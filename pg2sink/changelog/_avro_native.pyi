@@ -8,7 +8,7 @@ from pg2sink.changelog.records import Operation
 class RowEncoder:
     def __init__(
         self,
-        columns: Sequence[tuple[int, int, int, bytes]],
+        columns: Sequence[tuple[int, int, int, int, bytes]],
         key: Sequence[int] | None,
         key_header: bytes,
         value_header: bytes,

@@ -8,12 +8,12 @@ Contract: the bytes are exactly those of the Python path (the row decoded by
 changelog.typemap, a Modification, `TableEncoder.encode_value`/`encode_key` with the wire
 headers); tests/changelog/test_avro_native.py compares the two on values a real
 PostgreSQL sent. `encode` returns None ("declined") for anything it does not handle
-exactly: an Update with an old tuple, a binary value, a text form or
-value the C code does not expect (infinity, BC dates, NaN in numeric(p,s), a decimal
-beyond int64...). The caller then takes the Python path, which writes the record or
-reports the problem. `build` returns None for a table with a column type the C code
-does not know (arrays), and when the extension is not built (no compiler at install):
-pg2sink then runs on the Python path alone.
+exactly: an Update with an old tuple, a binary value, a text form or value the C code does
+not expect (infinity, BC dates, NaN in numeric(p,s), a decimal beyond int64, an array with
+several dimensions...). The caller then takes the Python path, which writes the record or
+reports the problem. `build` returns None for a table with a column type the C code does
+not know (arrays of strings, nested arrays), and when the extension is not built (no
+compiler at install): pg2sink then runs on the Python path alone.
 
 Why C: for bench-stream's 6 columns the Python path spends ~7 us of interpreter work
 per change (typed decode 1.6, Modification 0.85, Avro value 3.8, key 0.7); the same
@@ -67,6 +67,7 @@ class Kind(IntEnum):
     TIMESTAMP = 11
     TIMESTAMPTZ = 12
     NUMERIC = 13
+    ARRAY = 14
 
 
 # (Avro type, logicalType) of a field's non-null branch -> the C kind (type mapping as
@@ -75,8 +76,7 @@ class Kind(IntEnum):
 # bpchar, name, json(b), uuid, enums, money, xid8, unconstrained numeric, whose
 # format(Decimal(text), "f") is numeric_out's text again), hex for bytea, float() for
 # float/double, Decimal for decimal, fromisoformat for the dates and times (see Kind.NUMERIC
-# for the unconstrained numeric). Arrays are
-# not here: a table with one stays on the Python path.
+# for the unconstrained numeric). Arrays: see _union_kind.
 _KINDS: Mapping[tuple[object, object], Kind] = {
     ("boolean", None): Kind.BOOLEAN,
     ("int", None): Kind.INT,
@@ -94,9 +94,9 @@ _KINDS: Mapping[tuple[object, object], Kind] = {
 }
 
 
-def _column_kind(field: Mapping[str, Any]) -> tuple[int, int, int] | None:
-    """(kind, precision, scale) of a row record's field, None if the C code cannot write it."""
-    union = field.get("type")
+def _union_kind(union: object) -> tuple[Kind, int, int, int] | None:
+    """(kind, item kind, precision, scale) of a field's (or array item's) union, None if
+    the C code cannot write it."""
     # typemap.nullable: ["null", T] or ["null", T, "string"]; T is branch 1 either way
     if not (
         isinstance(union, list)
@@ -108,6 +108,13 @@ def _column_kind(field: Mapping[str, Any]) -> tuple[int, int, int] | None:
     avro: dict[str, Any] = {"type": union[1]} if isinstance(union[1], str) else union[1]
     if not isinstance(avro, dict):
         return None
+    if avro.get("type") == "array":
+        item = _union_kind(avro.get("items"))
+        # arrays of the types whose elements array_out never escapes; string elements
+        # (quoting, backslashes) and anything nested stay on the Python path
+        if item is None or item[0] in (Kind.STRING, Kind.NUMERIC, Kind.BYTES, Kind.ARRAY):
+            return None
+        return Kind.ARRAY, item[0], item[2], item[3]
     kind = _KINDS.get((avro.get("type"), avro.get("logicalType")))
     if kind is None:
         return None
@@ -115,29 +122,30 @@ def _column_kind(field: Mapping[str, Any]) -> tuple[int, int, int] | None:
         # unconstrained numeric: its text is checked to be numeric_out's, as the Python
         # path's Decimal() would reject anything else. (A domain over it carries the
         # domain's name here and passes its text as is: numeric_out's text either way.)
-        return Kind.NUMERIC, 0, 0
+        return Kind.NUMERIC, 0, 0, 0
     if kind is Kind.DECIMAL:
         precision, scale = int(avro["precision"]), int(avro.get("scale", 0))
         if scale < 0 or precision < 0:
             return None
-        return kind, precision, scale
-    return kind, 0, 0
+        return kind, 0, precision, scale
+    return kind, 0, 0, 0
 
 
 def _columns(
     encoder: TableEncoder,
-) -> tuple[list[tuple[int, int, int, bytes]], list[int] | None] | None:
-    """The C encoder's columns of the encoder's row record (kind, precision, scale, the
-    Avro string of the field name for unchanged_toast) and its key (row column index of
-    each key field, in key order); None if it has a column the C code cannot write."""
+) -> tuple[list[tuple[int, int, int, int, bytes]], list[int] | None] | None:
+    """The C encoder's columns of the encoder's row record (kind, item kind, precision,
+    scale, the Avro string of the field name for unchanged_toast) and its key (row column
+    index of each key field, in key order); None if it has a column the C code cannot
+    write."""
     before = next((f for f in encoder.value["fields"] if f["name"] == "before"), None)
     if before is None:
         return None
     row = before["type"][1]
     fields = row["fields"]
-    columns: list[tuple[int, int, int, bytes]] = []
+    columns: list[tuple[int, int, int, int, bytes]] = []
     for field in fields:
-        column = _column_kind(field)
+        column = _union_kind(field.get("type"))
         if column is None:
             return None
         columns.append((*column, _string(field["name"])))
