@@ -9,7 +9,9 @@ For a job (`ImportTask`) the driver:
    snapshot (`sessionInitStatement`: SET TRANSACTION SNAPSHOT), with a fetch size so
    rows stream instead of being held in memory, and the session settings of the
    stream's walsender (DateStyle, TimeZone... config.REPLICATION_SESSION_SETTINGS) so
-   every value's text is what pgoutput would send;
+   every value's text is what pgoutput would send; the columns of numbers, bools, dates
+   and times come as one comma-joined text column (`writers.packable_columns`: fewer
+   columns for the JVM), which the executors split again (`writers.unpack`);
 3. unions the scans (Spark partition i = the i-th partition left to do) and hands them,
    as Arrow batches of strings, to `writers.write_partition` through mapInArrow: executors
    decode, write, flush and mark their partition done; only a (partition, rows) pair per
@@ -39,7 +41,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,9 +61,11 @@ from pg2sink.config import REPLICATION_SESSION_SETTINGS
 from pg2sink.errors import ConfigError, ImportFailed, Pg2SinkError
 from pg2sink.imports.plan import ImportPlan
 from pg2sink.imports.writers import (
+    PACK_SEPARATOR,
     ImportSinkConfig,
     PartitionJob,
     RecordingRegistry,
+    packable_columns,
     wait_acknowledged,
 )
 
@@ -240,7 +244,7 @@ class SparkRunner:
         ) as conn:
             job = self._partition_job(conn, task)
             url, props = _jdbc(conn, task.snapshot)
-            queries = [self._query(conn, task, number) for number in task.partitions]
+            queries = [self._query(conn, task, n, job.packed) for n in task.partitions]
         spark = self.session()
         job = dataclasses.replace(job, schema_ids=_write_schema(job))
         reader = spark.read.format("jdbc").option("url", url).options(**props)
@@ -299,17 +303,32 @@ class SparkRunner:
             typmods=typmods,
             sink=task.sink,
             partitions=task.partitions,
+            packed=packable_columns(types, typmods),
         )
 
-    def _query(self, conn: psycopg.Connection[TupleRow], task: ImportTask, number: int) -> str:
-        return text_query(conn, task.plan, task.plan.predicates[number])
+    def _query(
+        self,
+        conn: psycopg.Connection[TupleRow],
+        task: ImportTask,
+        number: int,
+        packed: Sequence[int],
+    ) -> str:
+        return text_query(conn, task.plan, task.plan.predicates[number], packed)
 
 
-def text_query(conn: psycopg.Connection[TupleRow], plan: ImportPlan, predicate: str) -> str:
+def text_query(
+    conn: psycopg.Connection[TupleRow],
+    plan: ImportPlan,
+    predicate: str,
+    packed: Sequence[int] = (),
+) -> str:
     """`SELECT <each column as the text its output function prints> AS c<i> FROM table
-    WHERE predicate`: what a partition's JDBC scan reads (see the module docstring)."""
+    WHERE predicate`: what a partition's JDBC scan reads (see the module docstring).
+    The `packed` columns come last, as one column: their texts joined by commas, ''
+    for NULL (writers.packable_columns and unpack)."""
     function_cast = _function_casts(conn, plan)
     items = []
+    pack: list[sql.Composable] = []
     for i, column in enumerate(plan.columns):
         ident = sql.Identifier(column.name)
         expr: sql.Composable
@@ -323,7 +342,16 @@ def text_query(conn: psycopg.Connection[TupleRow], plan: ImportPlan, predicate: 
             )
         else:
             expr = sql.SQL("{}::text").format(ident)
-        items.append(sql.SQL("{} AS {}").format(expr, sql.Identifier(f"c{i}")))
+        if i in packed:
+            pack.append(sql.SQL("coalesce({}, '')").format(expr))
+        else:
+            items.append(sql.SQL("{} AS {}").format(expr, sql.Identifier(f"c{i}")))
+    if pack:
+        items.append(
+            sql.SQL("concat_ws({}, {}) AS packed").format(
+                sql.Literal(PACK_SEPARATOR), sql.SQL(", ").join(pack)
+            )
+        )
     # The predicate is SQL text that plan_import rendered (and the job store kept):
     # built from identifiers and literals, never from user input.
     query = sql.SQL("SELECT {} FROM {} WHERE {}").format(
