@@ -14,9 +14,10 @@ is empty after serving the reports, and none of them was a failure. Every messag
 produced before that moment is then delivered, so every checkpoint taken before it is
 durable: contiguity holds by construction, not by bookkeeping.
 
-Under a steady load the queue is never empty by itself, so the sink drains it once per
-flush of the stream (`KafkaSink.start_flush`: librdkafka's flush sends at once, ignoring
-linger.ms; the pause is one round trip to the broker, a few milliseconds per second).
+Under a light load the queue empties by itself within a linger.ms or two. Under a steady
+load it never does, so the sink drains it when it was last seen empty a second ago
+(`KafkaSink.start_flush`: librdkafka's flush sends at once, ignoring linger.ms; the pause
+is one round trip to the broker, a few milliseconds per second).
 
     produce 0 1 2 3 | 4 5 | 6          (| = a checkpoint)
     drained after 6 → both checkpoints are acknowledged; 6 waits for the next one
