@@ -114,6 +114,7 @@ from common import (
     topic_bytes,
     topic_message_count,
     vm_hwm_kib,
+    warm_up_broker,
 )
 from psycopg import sql
 
@@ -800,6 +801,9 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         server = start_postgres(services, tmp, stack)
         kafka = start_kafka(services, tmp, stack) if use_kafka else None
+        if kafka is not None:
+            print("warming up the broker (400,000 messages to a scratch topic) ...", flush=True)
+            print(f"broker warmed up in {warm_up_broker(kafka):.1f} s", flush=True)
         dsn = server.dsn()
         with psycopg.connect(dsn, autocommit=True) as conn:
             info = machine_info(conn, recvlogical)
