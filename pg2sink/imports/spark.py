@@ -9,9 +9,7 @@ For a job (`ImportTask`) the driver:
    snapshot (`sessionInitStatement`: SET TRANSACTION SNAPSHOT), with a fetch size so
    rows stream instead of being held in memory, and the session settings of the
    stream's walsender (DateStyle, TimeZone... config.REPLICATION_SESSION_SETTINGS) so
-   every value's text is what pgoutput would send; the columns of numbers, bools, dates
-   and times come as one comma-joined text column (`writers.packable_columns`: fewer
-   columns for the JVM), which the executors split again (`writers.unpack`);
+   every value's text is what pgoutput would send;
 3. unions the scans (Spark partition i = the i-th partition left to do) and hands them,
    as Arrow batches of strings, to `writers.write_partition` through mapInArrow: executors
    decode, write, flush and mark their partition done; only a (partition, rows) pair per
@@ -41,7 +39,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,11 +59,9 @@ from pg2sink.config import REPLICATION_SESSION_SETTINGS
 from pg2sink.errors import ConfigError, ImportFailed, Pg2SinkError
 from pg2sink.imports.plan import ImportPlan
 from pg2sink.imports.writers import (
-    PACK_SEPARATOR,
     ImportSinkConfig,
     PartitionJob,
     RecordingRegistry,
-    packable_columns,
     wait_acknowledged,
 )
 
@@ -84,13 +80,6 @@ FETCH_SIZE = 20_000
 #: How often the driver polls finished partitions for `progress`, in seconds.
 PROGRESS_POLL = 1.0
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
-#: JVM options of a local master's JVM: the client compiler only (C1: the JIT's warm-up,
-#: which a fresh JVM pays on its first million rows, costs a fraction of C2's, and the
-#: import's steady state ran as fast) and the serial collector (no concurrent GC
-#: threads on the cores the import uses). Measured with bench/import.py --sink file
-#: --rows 1000000 --repeat 2, three runs each, medians of the JVM's CPU: first import
-#: 8.5 -> 5.6 s, second 2.6 -> 2.8 s (noise: 2.5-2.9 s either way).
-LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 BOOL_OID = 16
 
 
@@ -177,9 +166,6 @@ class SparkRunner:
                 "imports run on Spark: install pyspark (pip install 'pg2sink[spark]')"
             ) from None
         started = time.monotonic()
-        log4j = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
-        # local mode: the driver's JVM is the executor too (see LOCAL_JVM_OPTIONS)
-        driver_options = f"{log4j} {LOCAL_JVM_OPTIONS}" if _is_local(self.master) else log4j
         conf = (
             SparkConf()
             .setMaster(self.master)
@@ -187,8 +173,10 @@ class SparkRunner:
             .set("spark.jars", jar)
             .set("spark.ui.enabled", "false")
             .set("spark.ui.showConsoleProgress", "false")
-            .set("spark.driver.extraJavaOptions", driver_options)
-            .set("spark.executor.extraJavaOptions", log4j)
+            .set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}")
+            .set(
+                "spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
+            )
         )
         if _is_local(self.master):
             # Python workers run this interpreter (it has pg2sink), and Spark binds to
@@ -252,7 +240,7 @@ class SparkRunner:
         ) as conn:
             job = self._partition_job(conn, task)
             url, props = _jdbc(conn, task.snapshot)
-            queries = [self._query(conn, task, n, job.packed) for n in task.partitions]
+            queries = [self._query(conn, task, number) for number in task.partitions]
         spark = self.session()
         job = dataclasses.replace(job, schema_ids=_write_schema(job))
         reader = spark.read.format("jdbc").option("url", url).options(**props)
@@ -311,32 +299,17 @@ class SparkRunner:
             typmods=typmods,
             sink=task.sink,
             partitions=task.partitions,
-            packed=packable_columns(types, typmods),
         )
 
-    def _query(
-        self,
-        conn: psycopg.Connection[TupleRow],
-        task: ImportTask,
-        number: int,
-        packed: Sequence[int],
-    ) -> str:
-        return text_query(conn, task.plan, task.plan.predicates[number], packed)
+    def _query(self, conn: psycopg.Connection[TupleRow], task: ImportTask, number: int) -> str:
+        return text_query(conn, task.plan, task.plan.predicates[number])
 
 
-def text_query(
-    conn: psycopg.Connection[TupleRow],
-    plan: ImportPlan,
-    predicate: str,
-    packed: Sequence[int] = (),
-) -> str:
+def text_query(conn: psycopg.Connection[TupleRow], plan: ImportPlan, predicate: str) -> str:
     """`SELECT <each column as the text its output function prints> AS c<i> FROM table
-    WHERE predicate`: what a partition's JDBC scan reads (see the module docstring).
-    The `packed` columns come last, as one column: their texts joined by commas, ''
-    for NULL (writers.packable_columns and unpack)."""
+    WHERE predicate`: what a partition's JDBC scan reads (see the module docstring)."""
     function_cast = _function_casts(conn, plan)
     items = []
-    pack: list[sql.Composable] = []
     for i, column in enumerate(plan.columns):
         ident = sql.Identifier(column.name)
         expr: sql.Composable
@@ -350,16 +323,7 @@ def text_query(
             )
         else:
             expr = sql.SQL("{}::text").format(ident)
-        if i in packed:
-            pack.append(sql.SQL("coalesce({}, '')").format(expr))
-        else:
-            items.append(sql.SQL("{} AS {}").format(expr, sql.Identifier(f"c{i}")))
-    if pack:
-        items.append(
-            sql.SQL("concat_ws({}, {}) AS packed").format(
-                sql.Literal(PACK_SEPARATOR), sql.SQL(", ").join(pack)
-            )
-        )
+        items.append(sql.SQL("{} AS {}").format(expr, sql.Identifier(f"c{i}")))
     # The predicate is SQL text that plan_import rendered (and the job store kept):
     # built from identifiers and literals, never from user input.
     query = sql.SQL("SELECT {} FROM {} WHERE {}").format(

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any
@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from pg2sink.catalog.types import PgType
-from pg2sink.changelog import typemap
 from pg2sink.changelog.jsonenc import default, dumps
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.changelog.rows import RowDecoder
@@ -64,8 +63,6 @@ __all__ = [
     "PartitionJob",
     "RecordingRegistry",
     "append_lines",
-    "packable_columns",
-    "unpack",
     "wait_acknowledged",
     "write_partition",
 ]
@@ -123,8 +120,6 @@ class PartitionJob:
     """Spark partition index -> the plan's partition number."""
     schema_ids: tuple[tuple[str, int], ...] = ()
     """Kafka Avro: (subject, id) registered by the driver."""
-    packed: tuple[int, ...] = ()
-    """Columns read as one text column, the batch's last (`packable_columns`, `unpack`)."""
 
     @property
     def json_values(self) -> bool:
@@ -141,64 +136,6 @@ class PartitionJob:
         """Per column, whether its value is its text as a str (text, varchar, json...):
         those reach the executor as Arrow strings, already str, and are not converted."""
         return tuple(c is _AS_TEXT for c in self.converters())
-
-
-#: Converters of the types whose text is never empty and never holds a comma: numbers,
-#: bool, dates and times (infinity, BC and UTC offsets included). Several columns of
-#: these types travel from PostgreSQL as one text column, their texts joined by commas
-#: with '' for NULL (which no such text is), because much of the JVM's work (JDBC
-#: getString, Spark rows, Arrow vectors) is per column: bench-import's four such columns
-#: as one cost the JVM 0.4-0.8 us less per row and the workers' split about 0.1 us more.
-_PACKABLE: frozenset[object] = frozenset(
-    {
-        int,
-        typemap._decode_bool,
-        typemap._json_number,
-        typemap._json_float,
-        typemap._decode_date,
-        typemap._decode_time,
-        typemap._decode_timestamp,
-        typemap._decode_timestamptz,
-    }
-)
-#: What joins the packed texts
-PACK_SEPARATOR = ","
-
-
-def packable_columns(types: Sequence[PgType], typmods: Sequence[int]) -> tuple[int, ...]:
-    """The columns (indexes) worth reading as one packed text column: those of the types
-    above, when there are at least two."""
-    found = tuple(
-        i
-        for i, (t, m) in enumerate(zip(types, typmods, strict=True))
-        if codec_for(t, m).to_json in _PACKABLE
-    )
-    return found if len(found) > 1 else ()
-
-
-def unpack(batch: pa.RecordBatch, packed: Sequence[int], width: int) -> pa.RecordBatch:
-    """A batch whose last column packs the `packed` columns (see _PACKABLE) as the batch
-    of all `width` columns in table order, NULL where a packed text is empty."""
-    import pyarrow as pa
-    import pyarrow.compute as pc  # type: ignore[import-untyped]
-
-    plain = batch.num_columns - 1
-    parts = pc.split_pattern(batch.column(plain), PACK_SEPARATOR)
-    shortest, longest = pc.min_max(pc.list_value_length(parts)).values()
-    if batch.num_rows and not shortest.as_py() == len(packed) == longest.as_py():
-        raise SinkError(f"import rows: a packed column does not hold {len(packed)} values")
-    where = {column: k for k, column in enumerate(packed)}
-    others = iter(batch.columns[:plain])
-    null = pa.scalar(None, pa.string())
-    columns = []
-    for i in range(width):
-        k = where.get(i)
-        if k is None:
-            columns.append(next(others))
-            continue
-        values = pc.list_element(parts, k)
-        columns.append(pc.if_else(pc.equal(values, ""), null, values))
-    return pa.RecordBatch.from_arrays(columns, names=[f"c{i}" for i in range(width)])
 
 
 class KnownSchemaIds:
@@ -513,9 +450,6 @@ def write_partition(
     assert context is not None, "write_partition runs in a Spark task"
     number = job.partitions[context.partitionId()]
     writer = FileWriter(job) if job.sink.kind == "file" else KafkaWriter(job)
-    if job.packed:
-        width = len(job.types)
-        batches = (unpack(batch, job.packed, width) for batch in batches)
     rows = writer.write(batches)
     with psycopg.connect(
         job.source_dsn, autocommit=True, application_name="pg2sink import"

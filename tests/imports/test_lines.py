@@ -9,7 +9,6 @@ must be equal byte for byte, and equal to the stream's FileSink lines for the sa
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,13 +27,7 @@ from pg2sink.config import REPLICATION_SESSION_SETTINGS
 from pg2sink.errors import DecodeError
 from pg2sink.imports.plan import plan_import
 from pg2sink.imports.spark import text_query
-from pg2sink.imports.writers import (
-    FileWriter,
-    ImportSinkConfig,
-    PartitionJob,
-    packable_columns,
-    unpack,
-)
+from pg2sink.imports.writers import FileWriter, ImportSinkConfig, PartitionJob
 from pg2sink.sinks.file import record_line
 from tests.conftest import Database
 
@@ -164,23 +157,18 @@ def create_table(conn: Conn) -> None:
         )
 
 
-def read_as_text(
-    db: Database, *, pack: bool = False
-) -> tuple[PartitionJob, list[list[str | None]]]:
-    """The table's rows as the Spark runner's JDBC scan reads them (`pack`: with the
-    packable columns packed, as the runner reads them), and its job."""
+def read_as_text(db: Database) -> tuple[PartitionJob, list[list[str | None]]]:
+    """The table's rows as the Spark runner's JDBC scan reads them, and its job."""
     conn = db.connect()
     for name, value in REPLICATION_SESSION_SETTINGS.items():
         conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
     plan = plan_import(conn, "public", "every_type", target_partitions=1)
+    query = text_query(conn, plan, "TRUE") + " ORDER BY 1"
+    rows = [list(r) for r in conn.execute(query.encode())]
     cache = TypeCache(conn)
     types = tuple(cache.get(c.type_oid) or unknown_type(c.type_oid) for c in plan.columns)
     typmods = tuple(c.typmod for c in plan.columns)
-    packed = packable_columns(types, typmods) if pack else ()
-    query = text_query(conn, plan, "TRUE", packed) + " ORDER BY id"
-    rows = [list(r) for r in conn.execute(query.encode())]
-    job = job_for([c.name for c in plan.columns], types, typmods)
-    return dataclasses.replace(job, packed=packed), rows
+    return job_for([c.name for c in plan.columns], types, typmods), rows
 
 
 def job_for(names: list[str], types: tuple[PgType, ...], typmods: tuple[int, ...]) -> PartitionJob:
@@ -251,24 +239,6 @@ def test_lines_equal_the_reference_for_every_type(db: Database, tmp_path: Path) 
     assert b'"-infinity"' in fast and b"\\u001f" in fast and "\u2028".encode() in fast
     writer = FileWriter(job)
     assert all(writer._vectorised_lines(b, 0) is not None for b in batches)
-
-
-def test_packed_columns_unpack_to_the_columns_read_one_by_one(db: Database) -> None:
-    """The numbers, bools, dates and times read as one packed column (the JVM handles
-    fewer columns) unpack to the batches of the columns read one by one: NULLs, NaN,
-    infinity, BC and year 10000 included."""
-    create_table(db.connect())
-    job, rows = read_as_text(db)
-    packed_job, packed_rows = read_as_text(db, pack=True)
-    names = [f["pg.column"] for f in job.schema.schema["fields"]]
-    assert [names[i] for i in packed_job.packed] == [
-        "id", "i2", "i4", "i8", "o", "f4", "f8", "n", "n2", "d", "tm", "ts", "tz", "b", "dm",
-        "dtz",
-    ]  # fmt: skip
-    sizes = [PLAIN_ROWS, 1, 7, 3]
-    for plain, packed in zip(batches_of(rows, sizes), batches_of(packed_rows, sizes), strict=True):
-        assert packed.num_columns == plain.num_columns - len(packed_job.packed) + 1
-        assert unpack(packed, packed_job.packed, len(names)).equals(plain)
 
 
 def test_every_code_point_is_escaped_as_orjson_does(tmp_path: Path) -> None:
