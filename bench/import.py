@@ -74,13 +74,12 @@ from pg2sink.imports import jobs
 from pg2sink.imports.migrate import apply_migrations
 from pg2sink.imports.plan import plan_import
 from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot
-from pg2sink.imports.spark import ImportSinkConfig, ImportTask, SparkRunner
+from pg2sink.imports.spark import ImportSinkConfig, ImportTask, SparkRunner, target_partitions
 
 TABLE = "bench"
 INTERNAL = "pg2sink"
 PUBLICATION = "bench_pub"
 DEFAULT_ROWS = 5_000_000
-DEFAULT_PARTITIONS = 8
 TARGET_RATIO = 0.3
 
 
@@ -352,8 +351,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--partitions",
         type=int,
-        default=DEFAULT_PARTITIONS,
-        help=f"target partitions of the import (default {DEFAULT_PARTITIONS})",
+        help="target partitions of the import (default: pg2sink's own choice for the "
+        "master, spark.target_partitions: 2 per core of a local master)",
     )
     p.add_argument("--sink", choices=["file", "kafka", "both"], default="both")
     p.add_argument("--spark-master", default="local[*]", help="default local[*]")
@@ -361,6 +360,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = p.parse_args(argv)
+    if args.partitions is None:
+        args.partitions = target_partitions(args.spark_master)
     if args.rows < 1 or args.repeat < 1 or args.partitions < 1:
         p.error("--rows, --repeat and --partitions must be at least 1")
     return args

@@ -41,9 +41,6 @@ from pg2sink.observability.stats import ImportProgress, StreamStats
 
 log = logging.getLogger(__name__)
 
-#: Partitions a job is split into (at most; small tables get fewer).
-TARGET_PARTITIONS = 16
-
 _KEY = """
 SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
        OR c.relreplident = 'i'
@@ -314,12 +311,18 @@ class ImportEngine:
         """The job's plan at the snapshot, with the partitions stored at its first
         planning, and the numbers of those not done yet."""
         from pg2sink.imports.plan import plan_import
+        from pg2sink.imports.spark import target_partitions
 
         internal = self.src.internal_schema
         planner = connect(self.src.dsn, application_name="pg2sink import plan")
         try:
             use_snapshot(planner, exporter.name)
-            plan = plan_import(planner, job.schema, job.table, target_partitions=TARGET_PARTITIONS)
+            plan = plan_import(
+                planner,
+                job.schema,
+                job.table,
+                target_partitions=target_partitions(getattr(self.cfg, "spark_master", "local[*]")),
+            )
             # A table empty in the snapshot has nothing to import: no Spark job (whose JVM
             # start would hold the gate, and with it the stream, for seconds).
             row = planner.execute(

@@ -46,6 +46,8 @@ SAMPLE_PER_PARTITION = 4000
 FULL_SCAN_ROWS = 50_000
 #: Fewer rows than this per partition is not worth a Spark task.
 MIN_ROWS_PER_PARTITION = 10_000
+#: More rows than this per partition is split further, whatever the target.
+MAX_ROWS_PER_PARTITION = 5_000_000
 
 
 class TableNotFoundError(LookupError):
@@ -115,7 +117,10 @@ def _row_count(conn: psycopg.Connection[Any], relid: int, target: sql.Composable
 
 
 def _partition_count(rows: int, target_partitions: int) -> int:
-    return max(1, min(target_partitions, rows // MIN_ROWS_PER_PARTITION))
+    # at most the target, no partition below MIN_ROWS_PER_PARTITION, and none above
+    # MAX_ROWS_PER_PARTITION: what a restarted import reads again per partition in flight
+    n = min(target_partitions, rows // MIN_ROWS_PER_PARTITION)
+    return max(1, n, -(-rows // MAX_ROWS_PER_PARTITION))
 
 
 def plan_import(

@@ -12,7 +12,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pg2sink.imports.plan import ImportColumn, ImportPlan, TableNotFoundError, plan_import
+from pg2sink.imports.plan import (
+    ImportColumn,
+    ImportPlan,
+    TableNotFoundError,
+    _partition_count,
+    plan_import,
+)
 from tests.conftest import Database
 
 Conn = psycopg.Connection[Any]
@@ -117,6 +123,15 @@ def test_empty_and_small_tables_are_one_partition(pg_conn: Conn) -> None:
     small = plan_in_snapshot(pg_conn, "small", 8)
     assert small.predicates == ("TRUE",)
     assert partition_sizes(pg_conn, "small", small) == [500]
+
+
+def test_partition_count_between_the_row_bounds() -> None:
+    assert _partition_count(0, 8) == 1
+    assert _partition_count(35_000, 8) == 3  # at least 10,000 rows per partition
+    assert _partition_count(5_000_000, 4) == 4
+    # at most 5,000,000 rows per partition, whatever the target (a restart re-reads less)
+    assert _partition_count(100_000_000, 4) == 20
+    assert _partition_count(100_000_001, 4) == 21
 
 
 def test_skewed_keys_still_give_even_partitions(pg_conn: Conn) -> None:

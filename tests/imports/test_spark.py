@@ -26,7 +26,13 @@ from pg2sink.imports import jobs
 from pg2sink.imports.migrate import apply_migrations
 from pg2sink.imports.plan import ImportPlan, plan_import
 from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot
-from pg2sink.imports.spark import ImportSinkConfig, ImportTask, SparkRunner
+from pg2sink.imports.spark import (
+    CLUSTER_PARTITIONS,
+    ImportSinkConfig,
+    ImportTask,
+    SparkRunner,
+    target_partitions,
+)
 from tests.conftest import Database
 
 pytestmark = pytest.mark.slow
@@ -424,3 +430,13 @@ def test_file_writer_lines_equal_the_stream_lines(tmp_path: Path, with_columns: 
         for seq, row in enumerate(rows)
     )  # fmt: skip
     assert path.read_bytes() == expected
+
+
+def test_partitions_follow_the_cores_of_a_local_master(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 6)
+    assert target_partitions("local[*]") == 12
+    assert target_partitions("local[3]") == 6
+    assert target_partitions("local[2,4]") == 4  # local[N, maxFailures]
+    assert target_partitions("local") == 2
+    # a cluster's size is unknown before its session starts
+    assert target_partitions("spark://master:7077") == CLUSTER_PARTITIONS
