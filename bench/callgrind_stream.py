@@ -140,6 +140,21 @@ class ReplayStream:
         self.sent += 1
 
 
+def replay_frames(frames: Sequence[memoryview], catalog: Any, sink: Any) -> None:
+    """Feed `frames` through the real Streamer -> ChangelogHandler -> `sink` (opened)
+    with `catalog` answering, then close the handler (which flushes the sink)."""
+    handler = ChangelogHandler(catalog, sink)
+    stop = StopRequested()
+    Streamer(
+        ReplayStream(frames, stop),  # type: ignore[arg-type]
+        handler,
+        heartbeat_interval=10.0,
+        flush_interval=1.0,
+        stop=stop,
+    ).run()
+    handler.close()
+
+
 def replay(frames_file: Path, out: Path) -> None:
     from pg2sink.sinks.file import FileSink
 
@@ -149,17 +164,7 @@ def replay(frames_file: Path, out: Path) -> None:
     frames = [memoryview(b) for b in saved["frames"]]
     sink = FileSink(str(out))
     sink.open()
-    handler = ChangelogHandler(RecordedCatalog(saved["catalog"]), sink)
-    stop = StopRequested()
-    streamer = Streamer(
-        ReplayStream(frames, stop),  # type: ignore[arg-type]
-        handler,
-        heartbeat_interval=10.0,
-        flush_interval=1.0,
-        stop=stop,
-    )
-    streamer.run()
-    handler.close()
+    replay_frames(frames, RecordedCatalog(saved["catalog"]), sink)
 
 
 def capture(directory: Path, sizes: Sequence[int]) -> None:
@@ -230,16 +235,7 @@ def _replay_live(frames_file: Path, catalog: RecordingCatalog) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sink = FileSink(os.path.join(tmp, "out.jsonl"))
         sink.open()
-        handler = ChangelogHandler(catalog, sink)
-        stop = StopRequested()
-        Streamer(
-            ReplayStream(frames, stop),  # type: ignore[arg-type]
-            handler,
-            heartbeat_interval=10.0,
-            flush_interval=1.0,
-            stop=stop,
-        ).run()
-        handler.close()
+        replay_frames(frames, catalog, sink)
 
 
 def _read_slot(dsn: str, slot: str, publication: str, changes: int, stream_cls: Any) -> list[bytes]:

@@ -35,13 +35,11 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
 
 import services  # noqa: E402
-from callgrind_stream import RecordedCatalog, ReplayStream  # noqa: E402
+from callgrind_stream import RecordedCatalog, replay_frames  # noqa: E402
 from common import cpu_seconds, start_kafka  # noqa: E402
 
 from pg2sink.config import KafkaConfig  # noqa: E402
 from pg2sink.sinks.kafka import KafkaSink  # noqa: E402
-from pg2sink.subscription.handlers import ChangelogHandler  # noqa: E402
-from pg2sink.subscription.stream import StopRequested, Streamer  # noqa: E402
 
 
 def replay_round(
@@ -57,17 +55,9 @@ def replay_round(
     )
     sink = KafkaSink(cfg)
     sink.open()
-    handler = ChangelogHandler(RecordedCatalog(saved["catalog"]), sink)  # type: ignore[arg-type]
-    stop = StopRequested()
     process, thread, wall = time.process_time(), time.thread_time(), time.monotonic()
-    Streamer(
-        ReplayStream(frames, stop),  # type: ignore[arg-type]
-        handler,
-        heartbeat_interval=10.0,
-        flush_interval=1.0,
-        stop=stop,
-    ).run()
-    handler.close()  # flushes: every message acknowledged
+    # closing the handler flushes: every message acknowledged
+    replay_frames(frames, RecordedCatalog(saved["catalog"]), sink)  # type: ignore[arg-type]
     return (
         time.process_time() - process,
         time.thread_time() - thread,

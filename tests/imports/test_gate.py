@@ -44,6 +44,17 @@ def _builder(conn: psycopg.Connection[TupleRow]) -> tuple[ChangelogBuilder, list
     return ChangelogBuilder(Catalog(conn), out.append, json_values=True), out
 
 
+def _feed_until_held(builder: ChangelogBuilder, messages: list[tuple[int, bytes]]) -> int:
+    """Feed messages in order until the gate holds one; its index."""
+    for i, (at, data) in enumerate(messages):
+        try:
+            builder.feed(data, at)
+        except GateHeld as e:
+            assert e.table == "public.t"
+            return i
+    raise AssertionError("the gate held no message")
+
+
 def _ops(out: list[Record]) -> list[tuple[str, object]]:
     return [(r.operation, r.after) for r in out if isinstance(r, Modification)]
 
@@ -61,15 +72,7 @@ def test_changes_the_snapshot_does_not_see_wait_for_the_import(db: Database) -> 
     gate.attach(builder)
     gate.hold("public", "t", keyless=False)
     gate.open_snapshot("public", "t", vis, lsn)
-    held_at = None
-    for i, (at, data) in enumerate(messages):
-        try:
-            builder.feed(data, at)
-        except GateHeld as e:
-            assert e.table == "public.t"
-            held_at = i
-            break
-    assert held_at is not None
+    held_at = _feed_until_held(builder, messages)
     # the change the snapshot sees went through (on the slow path: the reader declines)
     assert _ops(out) == [("INSERT", {"id": 1, "v": "seen"})]
     (rel,) = builder.relations.values()
@@ -143,14 +146,7 @@ def test_a_gated_tables_raw_writer_is_set_aside_until_it_leaves(db: Database) ->
     gate.attach(builder)
     gate.hold("public", "t", keyless=False)
     gate.open_snapshot("public", "t", vis, lsn)
-    held_at = None
-    for i, (at, data) in enumerate(messages):
-        try:
-            builder.feed(data, at)
-        except GateHeld:
-            held_at = i
-            break
-    assert held_at is not None
+    held_at = _feed_until_held(builder, messages)
     (rel,) = builder.relations.values()
     assert rel.write_raw is None and raw == []  # the INSERT went through admit()
     assert _ops(out) == [("INSERT", {"id": 1, "v": "seen"})]
