@@ -177,35 +177,23 @@ class ChangelogBuilder:
                     return 0
                 after = rel.read_new(data)
                 if after is not None:
-                    # self._modification(rel, op, lsn, None, after) written out: this
-                    # is the once-per-change path, and a call costs ~2% of it
-                    rel.ops[op] += 1
                     emit_new_row = self.emit_new_row
-                    if emit_new_row is not None:
-                        emit_new_row(
-                            self.commit_time,
-                            self.sequence,
-                            lsn,
-                            self.xid,
-                            op,
-                            rel.namespace,
-                            rel.name,
-                            after,
-                        )
-                    else:
-                        self.emit(
-                            Modification(
-                                self.commit_time,
-                                self.sequence,
-                                lsn,
-                                self.xid,
-                                op,
-                                rel.namespace,
-                                rel.name,
-                                None,
-                                after,
-                            )
-                        )
+                    if emit_new_row is None:  # a sink without the shortcut
+                        self._modification(rel, op, lsn, None, after)
+                        return 0
+                    # _modification() written out for the file sink's shortcut: this is
+                    # its once-per-change path, and a call costs ~2% of it
+                    rel.ops[op] += 1
+                    emit_new_row(
+                        self.commit_time,
+                        self.sequence,
+                        lsn,
+                        self.xid,
+                        op,
+                        rel.namespace,
+                        rel.name,
+                        after,
+                    )
                     self.sequence += 1
                     return 0
         else:
