@@ -193,6 +193,8 @@ class FileSink:
             default=default,
             option=LINE_OPTIONS,
         )
+        # _append(line), written out: the call costs 0.7% of a change (329 instructions
+        # of 44,967, bench/callgrind_stream.py)
         out = self._out
         if out is None:
             raise SinkError("the file sink was not opened")
