@@ -248,7 +248,8 @@ class KafkaSink:
         if self._failure is not None:
             self._raise_failure()
         if record.__class__ is Modification or record.__class__ is Truncation:
-            # the hot path, inline rather than a method of its own: a call less per change
+            # every change the raw writer (raw_row_writer) does not take: inline rather
+            # than a method of its own, a call less per change
             m: Modification = record
             entry = self._tables.get((m.namespace, m.name))
             if entry is None:
