@@ -240,10 +240,13 @@ class FileSink:
         self._next_fsync()
 
     def _next_fsync(self) -> None:
-        """Start an fsync for what reached the kernel, unless one is running."""
+        """Start an fsync for what reached the kernel, unless one is running or the
+        output cannot be fsynced (a pipe, terminal or /dev/null: EINVAL; start_flush
+        made their data durable when it reached the kernel)."""
         out = self._out
         if (
-            self._in_flight is None
+            self._fsync
+            and self._in_flight is None
             and out is not None
             and self._in_kernel_mark != self._durable_mark
         ):
