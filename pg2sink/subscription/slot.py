@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.rows import TupleRow
 
-from pg2sink.errors import ServerConfigError, SlotBusyError
+from pg2sink.errors import ConfigError, ServerConfigError, SlotBusyError
 from pg2sink.logical.lsn import parse_lsn
 
 log = logging.getLogger(__name__)
@@ -85,9 +85,26 @@ def ensure_slot(conn: psycopg.Connection[TupleRow], name: str) -> SlotInfo:
     return info
 
 
-def drop_slot(conn: psycopg.Connection[TupleRow], name: str) -> bool:
-    """Drop the slot; False when it did not exist, SlotBusyError while it is in use."""
+def check_slot_database(conn: psycopg.Connection[TupleRow], name: str) -> SlotInfo | None:
+    """The slot if it exists; ConfigError when it is not a slot of the connected database.
+
+    Slot names are cluster-wide, so `--slot x` with the wrong `--source` would otherwise
+    reach (and drop) another database's slot."""
     info = get_slot(conn, name)
+    dbname = conn.info.dbname
+    if info is not None and info.database != dbname:
+        owner = f"database {info.database!r}" if info.database else "no database (a physical slot)"
+        raise ConfigError(
+            f"replication slot {name!r} belongs to {owner}, not {dbname!r}: nothing dropped; "
+            "connect --source to its database, or pick another --slot"
+        )
+    return info
+
+
+def drop_slot(conn: psycopg.Connection[TupleRow], name: str) -> bool:
+    """Drop the slot of the connected database; False when it did not exist, ConfigError
+    when it belongs to another database, SlotBusyError while it is in use."""
+    info = check_slot_database(conn, name)
     if info is None:
         return False
     if info.active:
