@@ -72,7 +72,7 @@ def test_checkpoints_are_acknowledged_by_a_drain_never_backwards() -> None:
 
 def test_topics_default_map_fallback_and_unmapped_error() -> None:
     assert TopicRouter("pg2sink", {}).topic("public", "users") == "pg2sink.public.users"
-    assert topic_name("p", "my schema", "größe") == "p.my_schema.gr__e"
+    assert topic_name("p", "my schema", "größe") == "p.my-20schema.gr-c3-b6-c3-9fe"
     router = TopicRouter("p", {"public.users": "users-topic"}, "rest")
     assert router.topic("public", "users") == "users-topic"
     assert router.topic("app", "orders") == "rest"
@@ -152,6 +152,11 @@ JSON_SINK = [*SINK, "--format", "json"]
         (
             [*JSON_SINK, "--kafka-config", "acks=1"],
             "needs acks=all",
+        ),
+        (
+            [*JSON_SINK, "--kafka-config", "transactional.id=pg2sink-1"],
+            "--kafka-config transactional.id is not supported: pg2sink does not use Kafka "
+            "transactions",
         ),
         (
             [*JSON_SINK, "--topic-map", "users=topic"],

@@ -93,6 +93,13 @@ REQUIRED_SETTINGS = {
     "delivery.report.only.error": "true",
 }
 _SETTING_ALIASES = {"request.required.acks": "acks"}
+#: Producer settings pg2sink cannot work with, and why (named without their value).
+_UNSUPPORTED = {
+    # a transactional producer refuses produce() outside a transaction ("Erroneous
+    # state"), and pg2sink opens none: every message would fail and be retried forever
+    "transactional.id": "pg2sink does not use Kafka transactions (its idempotent "
+    "producer and confirmed LSNs give at-least-once delivery); remove it",
+}
 _ACKS_ALL = frozenset(("all", "-1"))
 
 # librdkafka errors that mean "no broker reachable" (error_cb): the sink logs the change
@@ -114,6 +121,16 @@ _TERMINAL = frozenset(
 
 #: the operation header of each operation
 _OPERATION_HEADERS = {op: ("operation", op.value.encode()) for op in Operation}
+
+_TOO_LARGE = frozenset((KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE))
+
+#: Both limits a large message meets: the producer's own check, then the broker's.
+_HOW_TO_RAISE_LIMITS = (
+    "raise the producer's limit with --kafka-config message.max.bytes=BYTES (default "
+    "1000000) and the broker's, the topic setting max.message.bytes (default: the "
+    "broker's message.max.bytes, 1048588), above the message's size; the change stays "
+    "unconfirmed and is sent again after a restart"
+)
 
 _HOW_TO_CREATE = (
     "create it (kafka-topics.sh --bootstrap-server ... --create --topic {topic}), "
@@ -140,6 +157,8 @@ def producer_settings(cfg: KafkaConfig) -> dict[str, str]:
         settings["bootstrap.servers"] = cfg.bootstrap_servers
     for key, value in cfg.producer.reveal().items():
         name = _SETTING_ALIASES.get(key, key)
+        if name in _UNSUPPORTED:
+            raise ConfigError(f"--kafka-config {key} is not supported: {_UNSUPPORTED[name]}")
         required = REQUIRED_SETTINGS.get(name)
         if required is not None and not _same_setting(name, value, required):
             raise ConfigError(
@@ -175,6 +194,8 @@ class KafkaSink:
         self._generation = 0
         self._failure: KafkaError | None = None
         self._failed_topic = ""
+        #: key and value bytes of the failed message
+        self._failed_size = 0
         self._broker_down = False
         self._reported: set[str] = set()
         #: when the producer was last seen empty (time.monotonic)
@@ -376,6 +397,7 @@ class KafkaSink:
             except KafkaException as e:
                 # refused at once (too large, unknown topic...): handled as a failed delivery
                 self._failure, self._failed_topic = e.args[0], topic
+                self._failed_size = (len(value) if value else 0) + (len(key) if key else 0)
                 self._raise_failure()
 
     def _wait_for_room(self) -> None:
@@ -447,6 +469,7 @@ class KafkaSink:
         if self._failure is None:
             self._failure = error
             self._failed_topic = msg.topic() or ""
+            self._failed_size = len(msg.value() or b"") + len(msg.key() or b"")
 
     def _drained(self) -> bool:
         """Serve the producer's reports; True (and every checkpoint so far acknowledged)
@@ -552,6 +575,8 @@ class KafkaSink:
 
     def _error(self, error: KafkaError, topic: str) -> SinkError:
         text = f"Kafka did not accept a message for topic {topic!r}: {error.str()}"
+        if error.code() in _TOO_LARGE:
+            return SinkError(f"{text} ({self._failed_size:,} bytes): {_HOW_TO_RAISE_LIMITS}")
         if error.code() in _TERMINAL:
             return SinkError(text)
         return SinkUnavailableError(
