@@ -7,10 +7,15 @@ Downloads org.postgresql:postgresql:<JDBC_VERSION> from Maven Central once into
 SHA-1, and removes older versions there. pg2sink's import runner finds the jar in
 that directory by default (`--jdbc-driver` names another). A warm run only checks
 that the file exists. Standard library only: it runs before the virtualenv exists.
+
+`--copy-to PATH` also copies the jar to PATH: the Dockerfile keeps it at a fixed path
+that PG2SINK_JDBC_DRIVER names (the jar's name carries the version).
 """
 
 from __future__ import annotations
 
+import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -46,12 +51,19 @@ def jdbc_driver() -> Path:
     return dest
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Fetch the PostgreSQL JDBC driver once.")
+    parser.add_argument("--copy-to", type=Path, metavar="PATH", help="also copy the jar there")
+    args = parser.parse_args(argv)
     try:
-        print(jdbc_driver())
+        jar = jdbc_driver()
     except services.ServiceError as e:
         print(f"setup: {e}", file=sys.stderr)
         return 1
+    if args.copy_to is not None:
+        args.copy_to.parent.mkdir(parents=True, exist_ok=True)
+        jar = Path(shutil.copyfile(jar, args.copy_to))
+    print(jar)
     return 0
 
 
