@@ -9,9 +9,11 @@ and only then marks the partition done in the job store. Nothing is sent back to
 the driver but one (partition, rows) row.
 
 File sink (`FileWriter`): whole JSON lines, appended at least a megabyte (or one
-Arrow batch) at a time with one os.write to a descriptor opened with O_APPEND, then
-fsync. The stream's FileSink appends whole lines the same way, so both write to the
-same file and lines never tear (see sinks/file.py). The line of a Modification is the
+Arrow batch) at a time to a descriptor opened with O_APPEND, then fsync. Each append
+goes through the file sink's `append_lines`, as the stream's FileSink does: under the
+file's lock, all of it, after cutting a line torn by a writer that crashed (see
+sinks/file.py), so executors and the stream share the file and no line glues to a
+torn one. The line of a Modification is the
 one the stream writes (same keys, same order); its constant parts are encoded once.
 A batch's lines are built column-wise by Arrow kernels (imports/lines.py, no Python
 object per value for the common types); the reference path (`reference_lines`: rows
@@ -47,6 +49,7 @@ from pg2sink.changelog.rows import RowDecoder
 from pg2sink.changelog.typemap import codec_for
 from pg2sink.config import KafkaConfig
 from pg2sink.errors import SinkError
+from pg2sink.sinks.file import append_lines
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -323,11 +326,11 @@ class FileWriter:
             size += len(data)
             seq += n
             if size >= WRITE_BYTES:
-                append_lines(fd, pending[0] if len(pending) == 1 else b"".join(pending))
+                append_lines(fd, pending[0] if len(pending) == 1 else b"".join(pending), self.path)
                 pending.clear()
                 size = 0
         if pending:
-            append_lines(fd, pending[0] if len(pending) == 1 else b"".join(pending))
+            append_lines(fd, pending[0] if len(pending) == 1 else b"".join(pending), self.path)
         self.rows = seq
 
     def _vectorised_lines(self, batch: pa.RecordBatch, seq: int) -> memoryview | None:
@@ -375,13 +378,6 @@ class FileWriter:
         # each line's head ends the line before it: the first gets one, the last gives
         # its own back
         return head + lines[: -len(head)]
-
-
-def append_lines(fd: int, data: bytes | memoryview) -> None:
-    """One write(2) of whole lines; a regular file takes it whole (O_APPEND: atomically)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 class KafkaWriter:

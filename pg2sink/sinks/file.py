@@ -9,23 +9,35 @@ buffer and fsyncs a regular file before it reports a checkpoint as durable;
 pipes and terminals cannot be fsynced, so there durability ends at write(2).
 
 Other writers may append to the same file: Spark import executors
-(pg2sink.imports.writers) do. The file is opened with O_APPEND and every write(2)
-carries whole lines only: each `write()` below hands the buffer one whole line, and
-CPython's BufferedWriter passes to the kernel either its whole buffer or a whole
-oversized write, never part of one; Linux appends each write(2) to a regular file
-atomically. So lines of concurrent writers interleave, never their bytes.
+(pg2sink.imports.writers) do. Every writer appends through `append_lines`: whole
+lines only, all of them before it lets go of the file's lock (flock(2), which the
+kernel drops when a writer dies), so lines of concurrent writers interleave, never
+their bytes. Each `write()` below hands the buffer one whole line, and CPython's
+BufferedWriter passes its raw file (`LockedAppender`) either its whole buffer or a
+whole oversized write, never part of one.
+
+Only a crash can tear a line: a writer killed inside its write(2) (a kill -9 stops a
+large write between two pages), a full disk, a power loss. So whoever takes the lock
+first looks at the end of the file, and a last line without its newline is a torn one
+nobody is still writing: it cuts it away (one WARNING with the byte count) before
+appending. Safe, because a torn line was never fsynced, so its LSN was never
+confirmed (an import partition of it was never marked done): it comes again. The
+sink also does this when it opens the file, so that a restart repairs at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
 import logging
 import os
 import stat
 import sys
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import orjson
 
@@ -40,10 +52,101 @@ from pg2sink.changelog.records import (
 )
 from pg2sink.errors import SinkError
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
 log = logging.getLogger(__name__)
 
 #: Python-side buffer; large enough that a write(2) moves many records.
 BUFFER_BYTES = 1 << 20
+#: Bytes read at a time, backwards, looking for the end of the last whole line.
+TAIL_STEP = 1 << 16
+
+
+@contextmanager
+def _locked(fd: int) -> Iterator[None]:
+    """The file's exclusive lock, shared by every pg2sink process appending to it."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _cut_torn_line(fd: int, path: str) -> int:
+    """Truncate a regular file after its last newline, the caller holding its lock;
+    the bytes cut (0: it ends with a whole line, or is no regular file)."""
+    st = os.fstat(fd)
+    size = st.st_size
+    if not stat.S_ISREG(st.st_mode) or size == 0:
+        return 0
+    # writers open the file write-only; a second description of the same inode reads
+    # it (by /proc, not by path: a rotated path names another file)
+    reader = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+    try:
+        keep = _whole_lines_end(reader, size)
+    finally:
+        os.close(reader)
+    if keep == size:
+        return 0
+    os.ftruncate(fd, keep)
+    log.warning(
+        "--file-path %s ended in a partial line of %d bytes, left by a writer that "
+        "crashed while appending it (never confirmed, so it is written again): removed it",
+        path,
+        size - keep,
+    )
+    return size - keep
+
+
+def _whole_lines_end(reader: int, size: int) -> int:
+    """The end of the last whole line among the first `size` bytes (0: none)."""
+    if os.pread(reader, 1, size - 1) == b"\n":
+        return size
+    end = size
+    while end > 0:
+        start = max(end - TAIL_STEP, 0)
+        newline = os.pread(reader, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
+
+
+def repair_torn_line(fd: int, path: str) -> int:
+    """Cut a torn last line of the file open as `fd` (see the module docstring); the
+    bytes cut."""
+    with _locked(fd):
+        return _cut_torn_line(fd, path)
+
+
+def append_lines(fd: int, data: bytes | memoryview, path: str = "the sink file") -> None:
+    """Append whole lines to `fd` (opened with O_APPEND) under the file's lock, after
+    cutting a torn line a crashed writer left; all of `data` is written before the
+    lock is released (see the module docstring)."""
+    view = memoryview(data)
+    with _locked(fd):
+        _cut_torn_line(fd, path)
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+class LockedAppender(io.FileIO):
+    """The FileSink's raw file: each write its buffer makes goes through append_lines."""
+
+    def __init__(self, file: str | int, mode: str, *, closefd: bool = True, path: str) -> None:
+        super().__init__(file, mode, closefd=closefd)
+        self._path = path
+
+    def write(self, b: ReadableBuffer, /) -> int:
+        view = memoryview(b)
+        append_lines(self.fileno(), view, self._path)
+        return view.nbytes
+
+
+def _appended_file(fd: int) -> bool:
+    """Whether `fd` is a regular file opened for appending (a shell's `>>`)."""
+    return stat.S_ISREG(os.fstat(fd).st_mode) and bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
 
 
 def schema_line(record: Schema) -> bytes:
@@ -128,18 +231,33 @@ class FileSink:
 
     def open(self) -> None:
         try:
-            if self.path == "-":
-                self._out = open(  # noqa: SIM115 (kept open until close())
-                    sys.stdout.fileno(), "wb", buffering=BUFFER_BYTES, closefd=False
-                )
-            else:
-                # "a": O_APPEND, so import executors' lines land after ours, never over them
-                self._out = open(self.path, "ab", buffering=BUFFER_BYTES)  # noqa: SIM115
+            self._out = self._open_file()
+            self._fsync = stat.S_ISREG(os.fstat(self._out.fileno()).st_mode)
+            if self._fsync:
+                self._durable_pos = self._out.tell()  # what was there is not ours to count
         except OSError as e:
             raise SinkError(f"cannot open --file-path {self.path!r}: {e.strerror}") from None
-        mode = os.fstat(self._out.fileno()).st_mode
-        self._fsync = stat.S_ISREG(mode)
         log.debug("file sink writing to %s", "stdout" if self.path == "-" else self.path)
+
+    def _open_file(self) -> BinaryIO:
+        """The buffered output, its torn last line repaired where others may append."""
+        raw: LockedAppender
+        if self.path == "-":
+            fd = sys.stdout.fileno()
+            if not _appended_file(fd):  # a pipe, a terminal, a shell's `>`: ours alone
+                return open(fd, "wb", buffering=BUFFER_BYTES, closefd=False)
+            raw = LockedAppender(fd, "wb", closefd=False, path="-")
+        else:
+            # "a": O_APPEND, so import executors' lines land after ours, never over them
+            raw = LockedAppender(self.path, "ab", path=self.path)
+        try:
+            if stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
+                repair_torn_line(raw.fileno(), self.path)
+                raw.seek(0, os.SEEK_END)
+        except OSError:
+            raw.close()
+            raise
+        return io.BufferedWriter(raw, BUFFER_BYTES)
 
     def write(self, record: Record) -> None:
         """Encode one record as a JSON line and append it to the file's buffer."""

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -12,6 +17,7 @@ import pytest
 
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.errors import SinkError
+from pg2sink.imports.writers import append_lines
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.file import FileSink, record_line
 
@@ -161,3 +167,159 @@ def test_write_new_row_writes_the_modification_line(tmp_path: Path) -> None:
     assert shortcut.read_bytes() == expected
     assert general.read_bytes() == expected
     assert json.loads(expected.splitlines()[2])["before"] == {"id": 2}
+
+
+#: A line cut by a kill -9 inside its write(2), as the issue found it in a file.
+TORN = b'{"kind":"modification","timestamp":"2026-11-21T02:40:21Z","operatio'
+
+
+def strict_lines(path: Path) -> list[dict[str, object]]:
+    """Every line of the file parsed; a torn or glued line fails (tests/conftest.py's
+    read_jsonl skips them)."""
+    data = path.read_bytes()
+    assert data.endswith(b"\n") or not data, f"a partial last line: {data[-80:]!r}"
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def torn_file(path: Path) -> bytes:
+    """A file of one whole line and a torn one; the whole line."""
+    whole = record_line(SCHEMA)
+    path.write_bytes(whole + TORN)
+    return whole
+
+
+def test_open_cuts_a_torn_last_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "out.jsonl"
+    whole = torn_file(path)
+    sink = FileSink(str(path))
+    with caplog.at_level(logging.WARNING, logger="pg2sink.sinks.file"):
+        sink.open()
+    assert path.read_bytes() == whole  # repaired at open, before anything is written
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert f"partial line of {len(TORN)} bytes" in warnings[0]
+    sink.write(modification(0, {"id": 1}))
+    sink.checkpoint(300)
+    sink.close()
+    assert [r["kind"] for r in strict_lines(path)] == ["schema", "modification"]
+    caplog.clear()
+    again = FileSink(str(path))
+    again.open()  # whole lines: nothing to say
+    again.close()
+    assert not caplog.records
+
+
+def test_a_torn_line_of_only_part_of_a_line_is_cut_whole(tmp_path: Path) -> None:
+    """No newline at all: the file is one torn line, and nothing is left of it."""
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(TORN * 5000)  # longer than one backwards read step
+    sink = FileSink(str(path))
+    sink.open()
+    assert path.read_bytes() == b""
+    sink.close()
+
+
+def test_the_executors_append_cuts_a_torn_last_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An import executor appending after a crash repairs the file before its lines."""
+    path = tmp_path / "out.jsonl"
+    whole = torn_file(path)
+    line = record_line(modification(0, {"id": 1}))
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        with caplog.at_level(logging.WARNING, logger="pg2sink.sinks.file"):
+            append_lines(fd, line)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == whole + line
+    assert [r.getMessage() for r in caplog.records if str(len(TORN)) in r.getMessage()]
+
+
+#: A writer appending one 64 MiB line again and again, as an executor appends a batch.
+BIG_WRITER = """
+import os, sys
+from pg2sink.imports.writers import append_lines
+line = b'{"kind":"big","pad":"' + b"x" * (64 << 20) + b'"}\\n'
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+while True:
+    append_lines(fd, line)
+"""
+
+#: The stream's FileSink appending small lines and flushing them until a file appears.
+SMALL_WRITER = """
+import logging, os, sys
+from datetime import UTC, datetime
+from pg2sink.changelog.records import Modification, Operation
+from pg2sink.sinks.file import FileSink
+logging.basicConfig(level=logging.WARNING)
+sink = FileSink(sys.argv[1])
+sink.open()
+n = 0
+while not os.path.exists(sys.argv[2]):
+    for _ in range(100):
+        n += 1
+        sink.write(Modification(datetime.now(UTC), n, n, 1, Operation.INSERT, "public", "t",
+                                None, {"id": n, "v": "x" * 100}))
+    sink.checkpoint(n)
+    sink.flush()
+sink.close()
+"""
+
+
+def _python(code: str, *args: str, stderr: int | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code, *args], stderr=stderr)
+
+
+def _kill_inside_a_big_write(path: Path, writer: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `writer` while its 64 MiB write(2) is half done (the file's end is more
+    than 2 MiB past the last newline seen, so it is that write, not a small line)."""
+    whole_end = 0
+    deadline = time.monotonic() + 60
+    with open(path, "rb") as f:
+        while time.monotonic() < deadline:
+            size = os.fstat(f.fileno()).st_size
+            if size and os.pread(f.fileno(), 1, size - 1) == b"\n":
+                whole_end = size
+            elif size - whole_end > 2 << 20:
+                writer.send_signal(signal.SIGKILL)
+                writer.wait(10)
+                return
+    raise AssertionError("the big writer never wrote")
+
+
+def test_a_writer_killed_inside_its_write_leaves_no_torn_line(tmp_path: Path) -> None:
+    """Three kill -9s inside a 64 MiB append while the stream's FileSink appends small
+    lines to the same file: every torn line is cut before anything follows it (else the
+    next line glues to it), reported once, and the file is whole lines only."""
+    path, stop = tmp_path / "out.jsonl", tmp_path / "stop"
+    path.touch()
+    small = _python(SMALL_WRITER, str(path), str(stop), stderr=subprocess.PIPE)
+    try:
+        for _ in range(3):
+            _kill_inside_a_big_write(path, _python(BIG_WRITER, str(path)))
+        stop.touch()
+        _, err = small.communicate(timeout=60)
+    finally:
+        small.kill()
+    assert small.returncode == 0, err.decode()
+    lines = strict_lines(path)
+    kinds = {str(r["kind"]) for r in lines}
+    assert "modification" in kinds
+    # each torn line cut once, by whichever writer took the lock after the kill
+    assert err.decode().count("ended in a partial line of") == 3, err.decode()
+
+
+def test_a_restart_after_a_kill_inside_a_write_cuts_the_torn_line(tmp_path: Path) -> None:
+    """kill -9 inside a write with nobody else writing, then a new FileSink: the file
+    ends torn until then, and whole lines after."""
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(record_line(SCHEMA))
+    _kill_inside_a_big_write(path, _python(BIG_WRITER, str(path)))
+    assert not path.read_bytes().endswith(b"\n")  # torn indeed
+    sink = FileSink(str(path))
+    sink.open()
+    sink.write(modification(0, {"id": 1}))
+    sink.checkpoint(300)
+    sink.close()
+    assert [r["kind"] for r in strict_lines(path)] == ["schema", "modification"]
