@@ -322,6 +322,7 @@ class ImportEngine:
                 job.schema,
                 job.table,
                 target_partitions=target_partitions(getattr(self.cfg, "spark_master", "local[*]")),
+                publication=job.publication,
             )
             # A table empty in the snapshot has nothing to import: no Spark job (whose JVM
             # start would hold the gate, and with it the stream, for seconds).

@@ -19,6 +19,14 @@ expression over the table; together they select every row exactly once:
 
 The predicates are rendered to text once here and stored with the job, so a resumed job
 reads exactly the partitions it planned: boundaries never move between attempts.
+
+An import reads what the publication publishes, no more
+(https://www.postgresql.org/docs/15/logical-replication-col-lists.html and
+logical-replication-row-filter.html): only the columns of its column list
+(`pg_publication_tables.attnames`), and only the rows its row filter accepts
+(`pg_publication_tables.rowfilter`, ANDed to every partition's predicate when read, and
+read again at each attempt's snapshot). Before PostgreSQL 18 pgoutput never sends a
+generated column, so neither does the import.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from psycopg import sql
 
 from pg2sink.catalog.server import primary_key_columns
 
-__all__ = ["ImportColumn", "ImportPlan", "TableNotFoundError", "plan_import"]
+__all__ = ["ImportColumn", "ImportPlan", "NotPublishedError", "TableNotFoundError", "plan_import"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +60,10 @@ MAX_ROWS_PER_PARTITION = 5_000_000
 
 class TableNotFoundError(LookupError):
     """The table does not exist (in the snapshot)."""
+
+
+class NotPublishedError(LookupError):
+    """The table is not in the publication, or not in a way an import can read."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,8 @@ class ImportPlan:
     predicates: tuple[str, ...]
     """One SQL boolean expression per partition; partition number = index."""
     rows_estimated: int
+    row_filter: str | None = None
+    """The publication's row filter (SQL text from pg_get_expr); None: every row."""
 
 
 def _table_info(conn: psycopg.Connection[Any], schema: str, table: str) -> tuple[int, str]:
@@ -123,16 +137,79 @@ def _partition_count(rows: int, target_partitions: int) -> int:
     return max(1, n, -(-rows // MAX_ROWS_PER_PARTITION))
 
 
+_PUBLISHED = """
+SELECT t.attnames::text[], t.rowfilter, c.oid = %(relid)s
+FROM pg_publication_tables t
+JOIN pg_namespace n ON n.nspname = t.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
+WHERE t.pubname = %(publication)s
+  AND (c.oid = %(relid)s OR c.oid IN (SELECT relid FROM pg_partition_tree(%(relid)s)))
+"""
+
+
+def published_part(
+    conn: psycopg.Connection[Any],
+    publication: str,
+    relid: int,
+    columns: tuple[ImportColumn, ...],
+) -> tuple[tuple[ImportColumn, ...], str | None]:
+    """The columns (in attnum order) and the row filter `publication` publishes of the
+    table `relid`; NotPublishedError when it publishes none of it.
+
+    A partitioned table published without publish_via_partition_root appears in
+    pg_publication_tables as its leaves (PostgreSQL 15 refuses a column list or a row
+    filter on such a root); they are imported through the root, so only when every
+    leaf is published whole.
+    """
+    rows = conn.execute(_PUBLISHED, {"publication": publication, "relid": relid}).fetchall()
+    own = [r for r in rows if r[2]]
+    every = {c.name for c in columns}
+    if own:
+        names, row_filter = set(own[0][0] or ()), own[0][1]
+    elif rows and all(r[1] is None and every <= set(r[0] or ()) for r in rows):
+        names, row_filter = every, None
+    elif rows:
+        raise NotPublishedError(
+            f"publication {publication} publishes the partitions of this table with "
+            "their own column lists or row filters, which an import of the table cannot follow"
+        )
+    else:
+        raise NotPublishedError(f"the table is not in publication {publication}")
+    if conn.info.server_version < 180000:
+        # pgoutput before PostgreSQL 18 never sends a generated column (the view lists them)
+        names -= _generated_columns(conn, relid)
+    return tuple(c for c in columns if c.name in names), row_filter
+
+
+def _generated_columns(conn: psycopg.Connection[Any], relid: int) -> set[str]:
+    rows = conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
+        " AND NOT attisdropped AND attgenerated <> ''",
+        (relid,),
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
 def plan_import(
-    conn: psycopg.Connection[Any], schema: str, table: str, *, target_partitions: int
+    conn: psycopg.Connection[Any],
+    schema: str,
+    table: str,
+    *,
+    target_partitions: int,
+    publication: str | None = None,
 ) -> ImportPlan:
     """The plan of an import of schema.table; see the module docstring.
 
     `conn` is already inside the job's snapshot. Raises TableNotFoundError when the table
-    does not exist there.
+    does not exist there. With `publication`, the plan reads only what it publishes of
+    the table (its column list and row filter; NotPublishedError when nothing); without,
+    the whole table (benchmarks and tests of the runner).
     """
     relid, relkind = _table_info(conn, schema, table)
     columns = table_columns(conn, relid)
+    row_filter = None
+    if publication is not None:
+        columns, row_filter = published_part(conn, publication, relid, columns)
     key = primary_key_columns(conn, relid)
     target = sql.Identifier(schema, table)
     rows = _row_count(conn, relid, target)
@@ -147,7 +224,7 @@ def plan_import(
         parts = [sql.SQL("TRUE")]
     predicates = tuple(p.as_string(conn) for p in parts)
     log.debug("import of %s.%s planned: %d partitions", schema, table, len(predicates))
-    return ImportPlan(schema, table, columns, key, predicates, rows)
+    return ImportPlan(schema, table, columns, key, predicates, rows, row_filter)
 
 
 def _key_ranges(

@@ -3,8 +3,10 @@
 For a job (`ImportTask`) the driver:
 1. writes the table's Schema record to the sink (the Avro row schema the stream builds,
    from the same codecs), registering the Kafka subjects when the sink is Kafka Avro;
-2. builds one JDBC scan per partition still to do: `SELECT <each column as PostgreSQL
-   text> FROM table WHERE <the partition's predicate>`, read by the PostgreSQL JDBC
+2. builds one JDBC scan per partition still to do: `SELECT <each published column as
+   PostgreSQL text> FROM table WHERE (<the publication's row filter>) AND <the
+   partition's predicate>` (plan.py: an import reads what the publication publishes),
+   read by the PostgreSQL JDBC
    driver in a REPEATABLE READ transaction that first imports the job's exported
    snapshot (`sessionInitStatement`: SET TRANSACTION SNAPSHOT), with a fetch size so
    rows stream instead of being held in memory, and the session settings of the
@@ -337,8 +339,9 @@ class SparkRunner:
 
 
 def text_query(conn: psycopg.Connection[TupleRow], plan: ImportPlan, predicate: str) -> str:
-    """`SELECT <each column as the text its output function prints> AS c<i> FROM table
-    WHERE predicate`: what a partition's JDBC scan reads (see the module docstring)."""
+    """`SELECT <each published column as the text its output function prints> AS c<i>
+    FROM table WHERE (row filter) AND predicate`: what a partition's JDBC scan reads (see
+    the module docstring)."""
     function_cast = _function_casts(conn, plan)
     items = []
     for i, column in enumerate(plan.columns):
@@ -356,11 +359,14 @@ def text_query(conn: psycopg.Connection[TupleRow], plan: ImportPlan, predicate: 
             expr = sql.SQL("{}::text").format(ident)
         items.append(sql.SQL("{} AS {}").format(expr, sql.Identifier(f"c{i}")))
     # The predicate is SQL text that plan_import rendered (and the job store kept):
-    # built from identifiers and literals, never from user input.
+    # built from identifiers and literals, never from user input. The row filter is the
+    # publication's, as PostgreSQL deparsed it (pg_get_expr): only the rows it accepts
+    # are published, so only those are imported.
+    where = sql.SQL(predicate)
+    if plan.row_filter is not None:
+        where = sql.SQL("({}) AND ({})").format(sql.SQL(plan.row_filter), where)
     query = sql.SQL("SELECT {} FROM {} WHERE {}").format(
-        sql.SQL(", ").join(items),
-        sql.Identifier(plan.schema, plan.table),
-        sql.SQL(predicate),
+        sql.SQL(", ").join(items), sql.Identifier(plan.schema, plan.table), where
     )
     return query.as_string(conn)
 

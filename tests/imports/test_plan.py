@@ -15,6 +15,7 @@ from psycopg import sql
 from pg2sink.imports.plan import (
     ImportColumn,
     ImportPlan,
+    NotPublishedError,
     TableNotFoundError,
     _partition_count,
     plan_import,
@@ -160,3 +161,35 @@ def test_missing_table(db: Database) -> None:
     conn = db.connect()
     with pytest.raises(TableNotFoundError, match=r"public\.nope"):
         plan_in_snapshot(conn, "nope", 2)
+
+
+def _plan_published(conn: Conn, db: Database, table: str) -> ImportPlan:
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    try:
+        return plan_import(conn, "public", table, target_partitions=1, publication=db.publication)
+    finally:
+        conn.execute("ROLLBACK")
+
+
+def test_only_what_the_publication_publishes(db: Database) -> None:
+    conn = db.connect()
+    pub = sql.Identifier(db.publication)
+    conn.execute(
+        "CREATE TABLE g (id int PRIMARY KEY, v int, twice int GENERATED ALWAYS AS (v * 2) STORED)"
+    )
+    conn.execute("CREATE TABLE r (id int PRIMARY KEY, v text, pw text) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE r1 PARTITION OF r FOR VALUES FROM (0) TO (10)")
+    conn.execute("CREATE TABLE r2 PARTITION OF r FOR VALUES FROM (10) TO (20)")
+    conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE g, r").format(pub))
+    # pgoutput of PostgreSQL 15 never sends a generated column
+    assert [c.name for c in _plan_published(conn, db, "g").columns] == ["id", "v"]
+    # a root published without publish_via_partition_root: its leaves, whole
+    plan = _plan_published(conn, db, "r")
+    assert ([c.name for c in plan.columns], plan.row_filter) == (["id", "v", "pw"], None)
+    # ... unless a leaf is published with a column list of its own
+    conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE r2 (id, v)").format(pub))
+    with pytest.raises(NotPublishedError, match="their own column lists or row filters"):
+        _plan_published(conn, db, "r")
+    conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+    with pytest.raises(NotPublishedError, match="not in publication"):
+        _plan_published(conn, db, "other")
