@@ -362,7 +362,7 @@ def text_query(conn: psycopg.Connection[TupleRow], plan: ImportPlan, predicate: 
     # built from identifiers and literals, never from user input. The row filter is the
     # publication's, as PostgreSQL deparsed it (pg_get_expr): only the rows it accepts
     # are published, so only those are imported.
-    where = sql.SQL(predicate)
+    where: sql.Composable = sql.SQL(predicate)
     if plan.row_filter is not None:
         where = sql.SQL("({}) AND ({})").format(sql.SQL(plan.row_filter), where)
     query = sql.SQL("SELECT {} FROM {} WHERE {}").format(
