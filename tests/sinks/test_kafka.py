@@ -669,6 +669,36 @@ def test_a_full_producer_queue_slows_down_and_loses_nothing(
 
 
 @pytest.mark.slow
+def test_too_large_a_message_names_the_limits_to_raise(
+    db: Database, pg2sink_proc: Proc, kafka_stack: KafkaStack, topic_prefix: str
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE t (id int primary key, body text)")
+    # the producer's own limit (message.max.bytes, 1,000,000 by default), then the
+    # broker's (max.message.bytes, 1,048,588 by default) once the producer's is raised
+    for extra, refused_by in (
+        ((), "Message size too large"),
+        (("--kafka-config", "message.max.bytes=10000000"), "Broker: Message size too large"),
+    ):
+        p = start(pg2sink_proc, kafka_stack, topic_prefix, *extra)
+        # 3 MB of incompressible text
+        conn.execute(
+            "INSERT INTO t SELECT 1, string_agg(md5(g::text), '') "
+            "FROM generate_series(1, 100000) g ON CONFLICT (id) DO UPDATE SET body = 'x'"
+        )
+        after_commit = db.current_lsn()
+        assert p.proc is not None and p.proc.wait(60) == 2
+        last = p.stderr().strip().splitlines()[-1]
+        assert last.startswith("pg2sink: error: Kafka did not accept a message for topic"), last
+        assert refused_by in last
+        assert "--kafka-config message.max.bytes=" in last and "max.message.bytes" in last
+        # the change waits for the fix (a keepalive may confirm WAL inside the
+        # transaction, never its commit: test_missing_topic_is_a_clear_error)
+        confirmed = db.slot_confirmed_lsn()
+        assert confirmed is not None and confirmed < after_commit
+
+
+@pytest.mark.slow
 def test_json_format_needs_no_registry(
     db: Database,
     pg2sink_proc: Proc,
