@@ -177,7 +177,9 @@ class StreamService:
             check_server(conn)
             if not self.cfg.decode_only and not self.started:
                 apply_migrations(src.dsn, src.internal_schema)
-                set_capture_ddl(src.dsn, src.internal_schema, self.cfg.capture_ddl)
+                set_capture_ddl(
+                    src.dsn, src.internal_schema, src.slot, src.publication, self.cfg.capture_ddl
+                )
             if self.cfg.streaming:
                 check_streaming_server(conn.info.server_version)
             manager = PublicationManager(
@@ -307,7 +309,7 @@ def run_drop(src: SourceConfig) -> list[str]:
             done.append(f"dropped publication {src.publication}")
         else:
             done.append(f"publication {src.publication} did not exist")
-        if set_capture_ddl(src.dsn, src.internal_schema, False):
+        if set_capture_ddl(src.dsn, src.internal_schema, src.slot, src.publication, False):
             done.append("dropped the --capture-ddl event trigger")
     finally:
         conn.close()

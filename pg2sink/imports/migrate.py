@@ -120,32 +120,32 @@ def apply_migrations(dsn: SecretDsn, internal_schema: str) -> list[str]:
 
 #: Prefix of the logical decoding messages --capture-ddl emits.
 DDL_PREFIX = "pg2sink.ddl"
+#: Migration 0003's registry of the slots that use the --capture-ddl event trigger.
+_DDL_USERS = "ddl_capture_users"
 
 
-def set_capture_ddl(dsn: SecretDsn, internal_schema: str, enabled: bool) -> bool:
-    """Create (enabled) or drop the event trigger that emits each DDL statement as a
-    `pg2sink.ddl` message (migration 0002 has its function); whether it changed."""
-    name = sql.Identifier(f"{internal_schema}_capture_ddl")
+def set_capture_ddl(
+    dsn: SecretDsn, internal_schema: str, slot: str, publication: str, enabled: bool
+) -> bool:
+    """Register `slot` as a user of the event trigger that emits each DDL statement as a
+    `pg2sink.ddl` message (enabled), or unregister it; whether the trigger was created
+    (for its first user) or dropped (after its last).
+
+    Event triggers are per database and several pg2sink instances may share one, so the
+    trigger exists while migration 0003's registry holds a slot (0002 has its function).
+    A trigger nobody registered (made by hand, or by a pg2sink older than the registry)
+    is left alone: whoever uses it is unknown.
+    """
     conn = connect(dsn, application_name="pg2sink")
     try:
-        row = conn.execute(
-            "SELECT 1 FROM pg_event_trigger WHERE evtname = %s", (f"{internal_schema}_capture_ddl",)
-        ).fetchone()
-        if enabled and row is None:
-            conn.execute(
-                sql.SQL("CREATE EVENT TRIGGER {} ON ddl_command_end EXECUTE FUNCTION {}()").format(
-                    name, sql.Identifier(internal_schema, "capture_ddl")
-                )
-            )
-            log.info("DDL capture on: each DDL statement is a %s message", DDL_PREFIX)
-            return True
-        if not enabled and row is not None:
-            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(name))
-            log.info("DDL capture off")
-            return True
-        return False
+        with conn.transaction():
+            if not _lock_ddl_users(conn, internal_schema):
+                return False  # never migrated (a drop): nobody registered
+            if enabled:
+                return _register_ddl_user(conn, internal_schema, slot, publication)
+            return _unregister_ddl_user(conn, internal_schema, slot)
     except psycopg.errors.InsufficientPrivilege as e:
-        if not enabled:  # someone else's --capture-ddl: not ours to stop
+        if not enabled:  # the transaction rolled back: the slot stays registered
             log.warning("DDL capture stays on: %s", e.diag.message_primary)
             return False
         raise ServerConfigError(
@@ -153,3 +153,77 @@ def set_capture_ddl(dsn: SecretDsn, internal_schema: str, enabled: bool) -> bool
         ) from None
     finally:
         conn.close()
+
+
+def _lock_ddl_users(conn: psycopg.Connection[TupleRow], internal_schema: str) -> bool:
+    """Lock the registry until the transaction ends (a registration and the last
+    unregistration never interleave); False when it does not exist."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = %s",
+        (internal_schema, _DDL_USERS),
+    ).fetchone()
+    if found is None:
+        return False
+    conn.execute(
+        sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(
+            sql.Identifier(internal_schema, _DDL_USERS)
+        )
+    )
+    return True
+
+
+def _ddl_trigger_exists(conn: psycopg.Connection[TupleRow], internal_schema: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM pg_event_trigger WHERE evtname = %s", (_ddl_trigger(internal_schema),)
+    ).fetchone()
+    return row is not None
+
+
+def _ddl_trigger(internal_schema: str) -> str:
+    return f"{internal_schema}_capture_ddl"
+
+
+def _register_ddl_user(
+    conn: psycopg.Connection[TupleRow], internal_schema: str, slot: str, publication: str
+) -> bool:
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (slot_name, publication) VALUES (%s, %s)"
+            " ON CONFLICT (slot_name) DO UPDATE SET publication = EXCLUDED.publication"
+        ).format(sql.Identifier(internal_schema, _DDL_USERS)),
+        (slot, publication),
+    )
+    if _ddl_trigger_exists(conn, internal_schema):
+        return False
+    conn.execute(
+        sql.SQL("CREATE EVENT TRIGGER {} ON ddl_command_end EXECUTE FUNCTION {}()").format(
+            sql.Identifier(_ddl_trigger(internal_schema)),
+            sql.Identifier(internal_schema, "capture_ddl"),
+        )
+    )
+    log.info("DDL capture on: each DDL statement is a %s message", DDL_PREFIX)
+    return True
+
+
+def _unregister_ddl_user(
+    conn: psycopg.Connection[TupleRow], internal_schema: str, slot: str
+) -> bool:
+    users = sql.Identifier(internal_schema, _DDL_USERS)
+    removed = conn.execute(
+        sql.SQL("DELETE FROM {} WHERE slot_name = %s").format(users), (slot,)
+    ).rowcount
+    if not removed:
+        return False  # not a user: someone else's trigger is not ours to stop
+    others = [
+        r[0] for r in conn.execute(sql.SQL("SELECT slot_name FROM {} ORDER BY 1").format(users))
+    ]
+    if others:
+        log.info("DDL capture stays on for slot(s) %s", ", ".join(others))
+        return False
+    if not _ddl_trigger_exists(conn, internal_schema):
+        return False
+    conn.execute(
+        sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(_ddl_trigger(internal_schema)))
+    )
+    log.info("DDL capture off (slot %s was its last user)", slot)
+    return True
