@@ -14,7 +14,8 @@ Per job (docs/imports.md has the argument):
    next attempt with exponential backoff and open the gate.
 
 Progress is a rich progress bar on an interactive stderr, one log line per job
-otherwise, and StreamStats.imports (the pg2sink_import_* metrics) either way.
+otherwise, and StreamStats.imports (the pg2sink_import_* metrics) either way; the rows
+of each partition durably written count as IMPORT changes (pg2sink_changes_total).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pg2sink.catalog.server import connect
+from pg2sink.changelog.records import Operation
 from pg2sink.config import StreamConfig
 from pg2sink.errors import ImportFailed, Pg2SinkError
 from pg2sink.imports import jobs
@@ -264,9 +266,14 @@ class ImportEngine:
             task = self._progress.start(job.qualified, plan.rows_estimated)
             rows = 0
             if todo:
+                # pg2sink_changes_total{operation="IMPORT"}: the table's counters (the
+                # stream never writes IMPORT, so this thread alone updates that one)
+                changes = self.stats.table_changes(schema, table)
 
                 def advance(n: int) -> None:
+                    """Rows of partitions marked done: durable in the sink."""
                     progress.rows_read += n
+                    changes[Operation.IMPORT] += n
                     self._progress.advance(task, n)
 
                 rows = self._run_spark(job, plan, todo, exporter.name, advance)
