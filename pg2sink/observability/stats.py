@@ -262,9 +262,10 @@ class StreamStats:
         self.replication_connected = False
         #: Why the replication connection is not healthy ("" when it is).
         self.replication_reason = "not connected yet"
-        self.sink_healthy = False
-        #: Why the sink is not healthy ("" when it is).
-        self.sink_reason = "not open yet"
+        #: Why the session's sink failed ("" when open and fine): sink_up, sink_down.
+        self._sink_failure = "not open yet"
+        #: The sink's own report of an outage ("" when none): sink_outage.
+        self._sink_outage = ""
 
     # -- hot-path helpers ------------------------------------------------------
 
@@ -340,12 +341,26 @@ class StreamStats:
         self.replication_reason = reason or "disconnected"
 
     def sink_up(self) -> None:
-        self.sink_healthy = True
-        self.sink_reason = ""
+        """The sink is open for a new session (an outage it reports still counts)."""
+        self._sink_failure = ""
 
     def sink_down(self, reason: str) -> None:
-        self.sink_healthy = False
-        self.sink_reason = reason or "unhealthy"
+        """The session ended with a sink error."""
+        self._sink_failure = reason or "unhealthy"
+
+    def sink_outage(self, reason: str) -> None:
+        """The sink's own evidence that it cannot deliver now ("" once it can again),
+        which outlasts sessions: the Kafka sink while no broker answers."""
+        self._sink_outage = reason
+
+    @property
+    def sink_healthy(self) -> bool:
+        return not (self._sink_failure or self._sink_outage)
+
+    @property
+    def sink_reason(self) -> str:
+        """Why the sink is not healthy ("" when it is)."""
+        return self._sink_failure or self._sink_outage
 
     @property
     def healthy(self) -> bool:

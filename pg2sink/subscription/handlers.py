@@ -50,6 +50,9 @@ class ChangelogHandler:
             emit_new_row=getattr(sink, "write_new_row", None),
             raw_writers=getattr(sink, "raw_row_writer", None),
         )
+        report_health = getattr(sink, "report_health", None)
+        if report_health is not None and stats is not None:
+            report_health(stats)  # a sink that knows of outages itself (Kafka): /status
         # bound once: these run per change and per commit
         self.feed = self.builder.feed
         self.checkpoint = sink.checkpoint

@@ -156,6 +156,18 @@ def test_health_flags_and_reasons() -> None:
     assert stats.replication_reason == "disconnected"
 
 
+def test_a_sink_outage_outlasts_a_new_session() -> None:
+    stats = StreamStats()
+    stats.replication_up()
+    stats.sink_up()
+    stats.sink_outage("Kafka at b:9092 is unreachable: 1/1 brokers are down")
+    assert not stats.sink_healthy and "unreachable" in stats.sink_reason
+    stats.sink_up()  # a session starts again while no broker answers
+    assert not stats.healthy and "unreachable" in stats.sink_reason
+    stats.sink_outage("")
+    assert stats.healthy and stats.sink_reason == ""
+
+
 def test_buckets_are_cumulative_with_inf_equal_to_count() -> None:
     b = Buckets((0.1, 1.0, 10.0))
     for v in (0.05, 0.1, 0.5, 5.0, 50.0, 100.0):

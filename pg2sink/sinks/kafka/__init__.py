@@ -2,8 +2,9 @@
 
     sink.py     KafkaSink: producing, delivery reports, failures
     acks.py     which checkpoints are durable (acknowledged by draining the producer)
+    health.py   whether Kafka is reachable: evidence, hysteresis, one log line per change
     formats.py  message keys and values (Avro wire format or JSON) per table
-    topics.py   table → topic routing
+    topics.py   table → topic routing (injective default names)
 
 Imported only for --sink=kafka: confluent-kafka and fastavro are the [kafka] extra.
 """

@@ -35,6 +35,11 @@ treating it as a failure can only repeat changes, never lose one.
 Errors that retrying cannot fix (message too large, not authorised, an incompatible
 schema) raise SinkError and stop the stream with nothing after them confirmed.
 
+Health: whether Kafka is reachable changes only on evidence (health.BrokerHealth: a
+delivery or a metadata response, after librdkafka's error_cb reported trouble and a
+probe confirmed it), is logged once per change, and reaches GET /status through
+`report_health` (the changelog handler passes the stream's StreamStats).
+
 Backpressure: when librdkafka's queue is full (queue.buffering.max.messages / kbytes),
 `write` waits (serving the producer) until there is room, so memory stays bounded.
 """
@@ -55,6 +60,7 @@ from pg2sink.changelog.records import Message as MessageRecord
 from pg2sink.changelog.records import Modification, Operation, Record, Schema, Truncation
 from pg2sink.config import KafkaConfig
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
+from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.file import message_object, schema_line
 from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.formats import (
@@ -63,6 +69,7 @@ from pg2sink.sinks.kafka.formats import (
     JsonFormat,
     TableFormat,
 )
+from pg2sink.sinks.kafka.health import PROBE_WAIT, BrokerHealth
 from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
 
 log = logging.getLogger(__name__)
@@ -102,9 +109,17 @@ _UNSUPPORTED = {
 }
 _ACKS_ALL = frozenset(("all", "-1"))
 
-# librdkafka errors that mean "no broker reachable" (error_cb): the sink logs the change
-# of state once, and once more when deliveries succeed again.
-_DOWN = frozenset((KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE))
+# librdkafka errors (error_cb) that may mean "Kafka is unreachable": health.BrokerHealth
+# looks before it concludes, and logs each change of state once.
+_TROUBLE = frozenset(
+    (
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TRANSPORT,
+        KafkaError._RESOLVE,
+        KafkaError._AUTHENTICATION,
+        KafkaError._SSL,
+    )
+)
 
 # Delivery errors that the same message would hit again after a reconnect.
 _TERMINAL = frozenset(
@@ -196,7 +211,7 @@ class KafkaSink:
         self._failed_topic = ""
         #: key and value bytes of the failed message
         self._failed_size = 0
-        self._broker_down = False
+        self._health = BrokerHealth(cfg.bootstrap_servers)
         self._reported: set[str] = set()
         #: when the producer was last seen empty (time.monotonic)
         self._last_drained = 0.0
@@ -436,10 +451,12 @@ class KafkaSink:
         try:
             metadata = self._producer.list_topics(topic, timeout=METADATA_TIMEOUT)
         except KafkaException as e:
+            self._health.probe_failed(_reason(e))
             raise SinkUnavailableError(
                 f"cannot reach Kafka at {self.cfg.bootstrap_servers} to look up topic "
                 f"{topic!r}: {_reason(e)}"
             ) from None
+        self._health.reached()
         found = metadata.topics.get(topic)
         if found is None:
             return KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
@@ -478,34 +495,44 @@ class KafkaSink:
         producer.poll(0)
         if self._failure is not None:
             self._raise_failure()
+        if self._health.probe_due():
+            self._probe()
         if len(producer):
             return False
         self._checkpoints.drained()
         self._last_drained = time.monotonic()
         self._queue_full = False
-        self._delivered = self._produced
         self._queued_bytes = 0
-        if self._broker_down or self._reported:
+        if self._produced > self._delivered:
+            # messages were delivered: evidence that Kafka answers (an empty queue with
+            # nothing produced is none: it is empty while every broker is down)
+            self._delivered = self._produced
             self._reported.clear()
-            if self._broker_down:
-                self._broker_down = False
-                log.info("Kafka is reachable again; deliveries resumed")
+            self._health.reached()
         return True
+
+    def _probe(self) -> None:
+        """One metadata request (health.py): evidence either way."""
+        # a topic already checked keeps the answer small; none asks for every topic
+        topic = next(iter(self._checked_topics), None)
+        try:
+            self._producer.list_topics(topic, timeout=PROBE_WAIT)
+        except KafkaException as e:
+            self._health.probe_failed(_reason(e))
+        else:
+            self._health.reached()
+
+    def report_health(self, stats: StreamStats) -> None:
+        """Tell `stats` when Kafka becomes unreachable and reachable again (/status)."""
+        self._health.report_to(stats)
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
             if self._failure is None:
                 self._failure = error
             log.error("Kafka producer failed: %s", error.str())
-        elif error.code() in _DOWN:
-            if not self._broker_down:
-                self._broker_down = True
-                log.warning(
-                    "Kafka at %s is unreachable (%s); messages wait in the producer queue "
-                    "for up to message.timeout.ms",
-                    self.cfg.bootstrap_servers,
-                    error.str(),
-                )
+        elif error.code() in _TROUBLE:
+            self._health.trouble(error.str())
         elif error.str() not in self._reported:
             # once until deliveries succeed again: librdkafka repeats errors while they last
             self._reported.add(error.str())
@@ -526,7 +553,7 @@ class KafkaSink:
         to be away."""
         if self._producer is None or self._drained():
             return
-        if not self._broker_down and time.monotonic() - self._last_drained >= DRAIN_AFTER:
+        if not self._health.down and time.monotonic() - self._last_drained >= DRAIN_AFTER:
             self._producer.flush(FLUSH_WAIT)
             self._drained()
 

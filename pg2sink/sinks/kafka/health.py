@@ -1,0 +1,103 @@
+"""Whether Kafka is reachable: changed only on evidence, one log line per change.
+
+librdkafka reports connection trouble through error_cb, often several times a second
+while it lasts (each reconnect attempt), and never reports a recovery. Nor is an empty
+producer queue a sign of recovery: with nothing to send it is empty while every broker
+is down. So the state changes only on evidence, with hysteresis:
+
+    reachable ──trouble──▶ suspect ──a metadata probe fails──▶ unreachable
+        ▲                     │                                    │
+        └── a probe answers ──┘                                    │
+        └────────── a delivery, or a metadata response ────────────┘
+
+- trouble: error_cb's "all brokers down", a failed connection, name resolution,
+  authentication or TLS handshake. A broker that closed an idle connection is
+  trouble too, until the probe (which reconnects) answers: then nothing is logged.
+- probe: one metadata request (`Producer.list_topics`), at most every PROBE_INTERVAL
+  seconds and waiting at most PROBE_WAIT, made from the sink's flush calls while
+  suspect or unreachable.
+- Entering and leaving "unreachable" each log one line and set the sink's outage in
+  StreamStats, so GET /status answers 500 for the whole outage (pg2sink_sink_healthy 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from pg2sink.observability.stats import StreamStats
+
+__all__ = ["PROBE_INTERVAL", "PROBE_WAIT", "BrokerHealth"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two metadata probes while Kafka is suspect or unreachable.
+PROBE_INTERVAL = 2.0
+#: Longest wait of one probe, in seconds: it blocks the replication loop (which keeps
+#: answering PostgreSQL between probes); a slow first connection goes on meanwhile.
+PROBE_WAIT = 0.25
+
+
+class BrokerHealth:
+    """The reachability state machine of the module docstring."""
+
+    def __init__(self, servers: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.servers = servers
+        self.clock = clock
+        #: declared unreachable (logged; StreamStats told)
+        self.down = False
+        #: trouble seen since the last evidence that Kafka answers
+        self.suspect = False
+        #: what the first trouble of this outage said
+        self.reason = ""
+        self._next_probe = 0.0
+        self._stats: StreamStats | None = None
+
+    def report_to(self, stats: StreamStats) -> None:
+        """Keep `stats` told of outages (the sink's health in GET /status)."""
+        self._stats = stats
+        stats.sink_outage(self._outage())
+
+    def trouble(self, reason: str) -> None:
+        """librdkafka reported a connection problem: look (probe) before concluding."""
+        if self.down or self.suspect:
+            return
+        self.suspect = True
+        self.reason = reason
+        self._next_probe = self.clock()
+
+    def probe_due(self) -> bool:
+        return (self.suspect or self.down) and self.clock() >= self._next_probe
+
+    def probe_failed(self, reason: str) -> None:
+        """A metadata request got no answer: Kafka is unreachable (logged once)."""
+        self._next_probe = self.clock() + PROBE_INTERVAL
+        self.suspect = False
+        if self.down:
+            return
+        self.down = True
+        self.reason = self.reason or reason
+        log.warning(
+            "Kafka at %s is unreachable (%s); messages wait in the producer queue for up "
+            "to message.timeout.ms",
+            self.servers,
+            self.reason,
+        )
+        if self._stats is not None:
+            self._stats.sink_outage(self._outage())
+
+    def reached(self) -> None:
+        """A delivery or a metadata response: Kafka answers (logged once after an outage)."""
+        self.suspect = False
+        if not self.down:
+            self.reason = ""
+            return
+        self.down = False
+        self.reason = ""
+        log.info("Kafka is reachable again; deliveries resumed")
+        if self._stats is not None:
+            self._stats.sink_outage("")
+
+    def _outage(self) -> str:
+        return f"Kafka at {self.servers} is unreachable: {self.reason}" if self.down else ""

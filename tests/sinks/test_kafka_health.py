@@ -1,0 +1,124 @@
+"""Kafka's health as pg2sink reports it: GET /status and one log line per change of state.
+
+Real pg2sink processes against an address where no broker listens, and against a broker
+of this module's own that a test stops and starts again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import services
+
+from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for
+from tests.sinks import test_kafka
+from tests.sinks.test_kafka import Reader, create_topic, start
+from tests.support import Proc
+
+reader = test_kafka.reader  # the fixtures
+own_kafka = test_kafka.own_kafka
+
+UNREACHABLE = "is unreachable"
+REACHABLE = "Kafka is reachable again"
+
+
+def api_url(p: Pg2Sink) -> str:
+    match = re.search(r"/metrics on (http://\S+)", p.stderr())
+    assert match, p.stderr()
+    return match.group(1).rstrip("/")
+
+
+def status(url: str) -> tuple[int, dict[str, Any]]:
+    """GET /status: (HTTP status, JSON body)."""
+    try:
+        with urllib.request.urlopen(f"{url}/status", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def poll_status(url: str, seconds: float) -> list[int]:
+    """/status every 0.1 s for `seconds`: the HTTP statuses seen."""
+    seen = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        seen.append(status(url)[0])
+        time.sleep(0.1)
+    return seen
+
+
+SASL = ("security.protocol=SASL_PLAINTEXT", "sasl.mechanism=PLAIN", "sasl.username=u")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["nothing listens", "wrong credentials"])
+def test_unreachable_broker_is_one_line_and_a_steady_500(
+    db: Database, pg2sink_proc: Proc, kafka_stack: KafkaStack, topic_prefix: str, case: str
+) -> None:
+    settings: tuple[str, ...] = ()
+    if case == "nothing listens":
+        stack = KafkaStack(f"127.0.0.1:{services.free_ports(1)[0]}", "")
+    else:  # a real broker, which refuses the login
+        stack, settings = kafka_stack, (*SASL, "sasl.password=Hunter2xyz")
+    extra = [arg for setting in settings for arg in ("--kafka-config", setting)]
+    p = start(pg2sink_proc, stack, topic_prefix, *extra, avro=False)
+    url = api_url(p)
+    wait_for(lambda: status(url)[0] == 500, timeout=10, what="/status 500")
+    code, body = status(url)
+    assert code == 500 and body["sink"] == "failing" and UNREACHABLE in body["problems"]["sink"]
+    assert body["replication"] == "ok"
+    seen = poll_status(url, 6)
+    assert set(seen) == {500}, seen
+    err = p.stderr()
+    assert err.count(UNREACHABLE) == 1, err
+    assert REACHABLE not in err, err
+    assert "Hunter2xyz" not in err + json.dumps(body)
+    assert p.stop() == 0
+
+
+@pytest.mark.slow
+def test_broker_outage_is_500_during_and_200_after_one_line_each(
+    db: Database,
+    pg2sink_proc: Proc,
+    own_kafka: services.Kafka,
+    topic_prefix: str,
+    reader: Callable[..., Reader],
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE t (id int primary key)")
+    topic = f"{topic_prefix}.public.t"
+    create_topic(own_kafka.bootstrap_servers, topic, partitions=1)
+    stack = KafkaStack(own_kafka.bootstrap_servers, "")
+    p = start(pg2sink_proc, stack, topic_prefix, avro=False)
+    url = api_url(p)
+    read = reader(topic, avro=False, bootstrap=own_kafka.bootstrap_servers)
+    conn.execute("INSERT INTO t VALUES (1)")
+    read.read(1)
+    assert status(url)[0] == 200
+    own_kafka.stop()
+    t0 = time.monotonic()
+    conn.execute("INSERT INTO t VALUES (2)")  # waits in the producer queue
+    wait_for(lambda: status(url)[0] == 500, timeout=15, what="/status 500 in the outage")
+    detected = time.monotonic() - t0
+    during = poll_status(url, 10)
+    assert set(during) == {500}, during
+    conn.execute("INSERT INTO t VALUES (3)")
+    own_kafka.start()
+    t1 = time.monotonic()
+    wait_for(lambda: status(url)[0] == 200, timeout=60, what="/status 200 after the outage")
+    recovered = time.monotonic() - t1
+    assert sorted(m.value["after"]["id"] for m in read.read(3)) == [1, 2, 3]
+    after = poll_status(url, 3)
+    assert set(after) == {200}, after
+    err = p.stderr()
+    assert err.count(UNREACHABLE) == 1, err
+    assert err.count(REACHABLE) == 1, err
+    print(f"outage seen after {detected:.1f}s, recovery {recovered:.1f}s after the restart")
+    assert p.stop() == 0
