@@ -59,6 +59,7 @@ from pg2sink.changelog.records import Schema
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.config import REPLICATION_SESSION_SETTINGS
 from pg2sink.errors import ConfigError, ImportFailed, Pg2SinkError
+from pg2sink.imports.jdbc import connection_properties
 from pg2sink.imports.plan import ImportPlan
 from pg2sink.imports.writers import (
     ImportSinkConfig,
@@ -253,17 +254,17 @@ class SparkRunner:
             raise ImportFailed(problem)
         if not task.partitions:
             return 0
-        secret = _password(task.source_dsn)
+        secrets = _secrets(task.source_dsn)
         try:
             return self._run(task, progress)
         except (ImportFailed, ConfigError):
             raise
         except Pg2SinkError as e:
-            raise ImportFailed(_redact(str(e), secret)) from None
+            raise ImportFailed(_redact(str(e), secrets)) from None
         except Exception as e:
             raise ImportFailed(
                 f"import of {task.plan.schema}.{task.plan.table} failed: "
-                + _redact(_one_line(e), secret)
+                + _redact(_one_line(e), secrets)
             ) from None
 
     def _run(self, task: ImportTask, progress: Callable[[int], None] | None) -> int:
@@ -404,11 +405,7 @@ def _snapshot_position(
 def _jdbc(conn: psycopg.Connection[TupleRow], snapshot: str) -> tuple[str, dict[str, str]]:
     """JDBC URL and connection properties of the server `conn` is connected to."""
     info = conn.info
-    if info.host.startswith("/"):
-        raise ConfigError(
-            "imports read through JDBC, which needs a TCP host: give --source a host= "
-            f"(not the Unix socket directory {info.host})"
-        )
+    tls = connection_properties(info)  # first: it refuses a Unix socket
     host = f"[{info.host}]" if ":" in info.host else info.host
     url = f"jdbc:postgresql://{host}:{info.port}/{quote(info.dbname, safe='')}"
     settings = sql.SQL(" ").join(
@@ -430,9 +427,8 @@ def _jdbc(conn: psycopg.Connection[TupleRow], snapshot: str) -> tuple[str, dict[
     }
     if info.password:
         props["password"] = info.password
-    sslmode = info.get_parameters().get("sslmode")
-    if sslmode:
-        props["sslmode"] = sslmode
+    # the TLS files, sslpassword and the rest libpq was given (imports/jdbc.py)
+    props.update(tls)
     return url, props
 
 
@@ -539,12 +535,13 @@ def _one_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _password(dsn: str) -> str | None:
+def _secrets(dsn: str) -> list[str]:
+    """The DSN's password and sslpassword (both reach the JDBC readers)."""
     try:
-        value = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
-        return None
-    return str(value) if value else None
+        return []
+    return [str(params[k]) for k in ("password", "sslpassword") if params.get(k)]
 
 
 #: Lines of Spark's console output worth a warning; the rest (start-up notes) is debug.
@@ -560,5 +557,7 @@ def _log_console(stream: IO[bytes]) -> None:
             log.log(level, "spark: %s", line)
 
 
-def _redact(text: str, secret: str | None) -> str:
-    return text.replace(secret, "***") if secret else text
+def _redact(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
