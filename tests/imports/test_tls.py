@@ -21,6 +21,8 @@ import pytest
 import services
 from psycopg import sql
 
+from pg2sink.errors import ConfigError
+from pg2sink.imports.jdbc import key_properties
 from tests.conftest import Pg2Sink, clean_env, run_cli, wait_for
 from tests.imports.support import IMPORTS_ON, read_changelog
 
@@ -168,3 +170,17 @@ def test_a_setting_imports_cannot_honour_stops_the_start(
     assert SECRET not in r.stderr + r.stdout
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("pg2sink: error: imports cannot honour") and named in last, last
+
+
+def test_which_keys_pgjdbc_reads_as_libpq_does(tmp_path: Path) -> None:
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+             "-out", "ec.key", cwd=tmp_path)  # fmt: skip
+    _openssl("pkcs8", "-topk8", "-in", "ec.key", "-passout", f"pass:{SECRET}",
+             "-out", "locked.key", cwd=tmp_path)  # fmt: skip
+    ec = str(tmp_path / "ec.key")
+    assert key_properties(ec) == {"sslkey": ec, "pemKeyAlgorithm": "EC"}
+    with pytest.raises(ConfigError, match="unencrypted PKCS-8"):
+        key_properties(str(tmp_path / "locked.key"))
+    (tmp_path / "ec.pk8").write_bytes((tmp_path / "ec.key").read_bytes())
+    with pytest.raises(ConfigError, match=r"name it \*\.key or \*\.pem"):
+        key_properties(str(tmp_path / "ec.pk8"))
