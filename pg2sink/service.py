@@ -23,7 +23,13 @@ from psycopg.rows import TupleRow
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.catalog.server import check_server, connect
 from pg2sink.config import SourceConfig, StreamConfig
-from pg2sink.errors import ConfigError, Pg2SinkError, SinkError
+from pg2sink.errors import (
+    ConfigError,
+    ConnectError,
+    Pg2SinkError,
+    SinkError,
+    SlotBusyError,
+)
 from pg2sink.imports import jobs
 from pg2sink.imports.engine import ImportEngine
 from pg2sink.imports.gate import ImportGate
@@ -36,6 +42,7 @@ from pg2sink.publication.patterns import TableFilter
 from pg2sink.sinks.base import Sink
 from pg2sink.sinks.file import FileSink
 from pg2sink.subscription.handlers import ChangelogHandler, DecodeOnlyHandler
+from pg2sink.subscription.reconnect import Reconnect
 from pg2sink.subscription.replication import ReplicationStream
 from pg2sink.subscription.slot import drop_slot, ensure_slot
 from pg2sink.subscription.stream import ChangeHandler, StopRequested, Streamer
@@ -49,7 +56,10 @@ log = logging.getLogger(__name__)
 
 SINKS = ("file", "kafka")
 
-_BACKOFF_CAP = 30.0
+#: SQLSTATEs of a server that ended the session: admin_shutdown, crash_shutdown,
+#: cannot_connect_now (class 08, connection exceptions, is matched as a class)
+#: https://www.postgresql.org/docs/current/errcodes-appendix.html
+_SERVER_GONE = frozenset({"57P01", "57P02", "57P03"})
 
 
 def make_sink(cfg: StreamConfig) -> Sink:
@@ -89,6 +99,7 @@ class StreamService:
         self.started = False
         self.http: Server | None = None
         self.stats = StreamStats()
+        self.reconnect = Reconnect(cfg.retry_interval)
         #: imports (docs/imports.md): the stream's gate and the job thread, unless
         #: --no-imports or --decode-only
         self.imports = cfg.imports and not cfg.decode_only
@@ -145,24 +156,33 @@ class StreamService:
             ) from None
 
     def _loop(self, sink: Sink | None, out: TextIO | None) -> None:
-        delay = self.cfg.retry_interval if not self.started else 1.0
-        last_error = ""
         while not self.stop.requested:
             try:
                 self._session(sink, out)
                 return
-            except Pg2SinkError as e:
-                self.stats.replication_down(str(e))
-                if isinstance(e, SinkError):
-                    self.stats.sink_down(str(e))
-                if not e.retryable or not (self.started or self.cfg.retry_initial):
+            except psycopg.Error as e:
+                if not _server_lost(e):
                     raise
-                self.stats.count_error(e)
-                if str(e) != last_error:  # log once per state change
-                    log.warning("%s; retrying", e)
-                    last_error = str(e)
-                self._sleep(delay)
-                delay = min(delay * 2, _BACKOFF_CAP) if self.started else delay
+                # any connection of the session (catalog, replication), at any step
+                reason = " ".join(str(e).split())
+                error: Pg2SinkError = ConnectError(f"lost the connection to PostgreSQL: {reason}")
+            except Pg2SinkError as e:
+                error = e
+            self._failed(error)
+
+    def _failed(self, error: Pg2SinkError) -> None:
+        """Raise what cannot be retried; else count it and wait before the next session."""
+        self.stats.replication_down(str(error))
+        if isinstance(error, SinkError):
+            self.stats.sink_down(str(error))
+        if not error.retryable or not (self.started or self.cfg.retry_initial):
+            if isinstance(error, SlotBusyError) and not self.started:
+                raise SlotBusyError(
+                    f"{error}; stop it, or pass --retry-initial to wait and take over when it exits"
+                ) from None
+            raise error
+        self.stats.count_error(error)
+        self._sleep(self.reconnect.failed(str(error)))
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -210,6 +230,7 @@ class StreamService:
                 extra_options=[("messages", "true")] if self.cfg.messages else [],
             )
             stats.replication_up()
+            self.reconnect.streaming()
             if self.imports and self.engine is None:
                 # Only once this process streams from the slot: a transaction committed
                 # after an import's snapshot must be in the slot's stream, and the gate
@@ -287,6 +308,15 @@ class StreamService:
             if self.engine is not None:
                 self.engine.wake()
         return rec
+
+
+def _server_lost(e: psycopg.Error) -> bool:
+    """Whether `e` means the connection or the server went away (retryable), not a
+    problem with what was asked."""
+    state = e.sqlstate
+    if state is None:  # raised by the client: the socket closed, the connection is broken
+        return isinstance(e, psycopg.OperationalError)
+    return state.startswith("08") or state in _SERVER_GONE
 
 
 def run_stream(cfg: StreamConfig) -> None:

@@ -76,9 +76,9 @@ class ReplicationStream:
             message = _result_error(result) or pgconn.get_error_message()
             sqlstate = result.error_field(pq.DiagnosticField.SQLSTATE) if result else None
             if sqlstate == b"55006":  # object_in_use: another walsender has the slot
+                # no advice here: only the caller knows whether it waits (--retry-initial)
                 raise SlotBusyError(
-                    f"replication slot {slot!r} is active in another process ({message}); "
-                    "stop it, or pass --retry-initial to wait and take over when it exits"
+                    f"replication slot {slot!r} is active in another process ({message})"
                 )
             raise SourceError(f"START_REPLICATION failed: {message}")
         log.info(
