@@ -6,11 +6,13 @@ environment variables; everything below the CLI receives them ready-made.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import psycopg.conninfo
+from psycopg import pq
 
 from pg2sink.errors import ConfigError
 
@@ -48,8 +50,7 @@ class SecretDsn:
 
     @property
     def password(self) -> str | None:
-        value = psycopg.conninfo.conninfo_to_dict(self._dsn).get("password")
-        return str(value) if value else None
+        return _password_of(self._dsn)
 
     def redacted(self) -> str:
         """The DSN without its password, for messages and logs."""
@@ -64,14 +65,40 @@ class SecretDsn:
 
 
 def _scrub(message: str, dsn: str) -> str:
-    """Remove anything password-like from an error message about `dsn`."""
+    """libpq's complaint about `dsn` without any of the DSN's text but its key names.
+
+    libpq quotes what it could not parse (`missing "=" after "..."`, `invalid connection
+    option "..."`, a whole URI), and what it could not parse is often a password: an
+    unquoted space inside one, a `%` that is not percent-encoding. So every quoted part
+    that is not a libpq keyword goes, and a hint says how to quote a value."""
+    message = " ".join(message.split())
+    keywords = _libpq_keywords()
+    message = re.sub(r'"([^"]*)"', lambda m: _shown(m.group(1), keywords), message)
+    if pw := _password_of(dsn):
+        message = message.replace(pw, "***")
+    message = re.sub(r"(password\s*=\s*)\S+", r"\1***", message)
+    if "missing" in message and "after" in message:
+        message += " (a value holding spaces goes in single quotes: password='a b')"
+    return message
+
+
+def _shown(quoted: str, keywords: frozenset[str]) -> str:
+    """A part libpq quoted, if it is a key name or punctuation (`missing "=" after`)."""
+    return f'"{quoted}"' if quoted in keywords or quoted in ("=", "]") else '"..."'
+
+
+def _password_of(dsn: str) -> str | None:
     try:
         pw = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
     except psycopg.ProgrammingError:
-        pw = None
-    if pw:
-        message = message.replace(str(pw), "***")
-    return re.sub(r"(password\s*=\s*)\S+", r"\1***", message)
+        return None
+    return str(pw) if pw else None
+
+
+@functools.cache
+def _libpq_keywords() -> frozenset[str]:
+    """Every connection option libpq knows (host, sslmode...): names, never secrets."""
+    return frozenset(d.keyword.decode() for d in pq.Conninfo.get_defaults())
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -92,6 +119,9 @@ def parse_duration(text: str) -> float:
 #: Parts of a client setting's name that mark its value as a secret (sasl.password,
 #: ssl.key.password, sasl.jaas.config, basic.auth.user.info, bearer.auth.token, ssl.key.pem...).
 _SECRET_KEY_PARTS = ("password", "secret", "user.info", "token", "jaas", ".pem", "credentials")
+
+
+_SETTING_KEY = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def is_secret_setting(key: str) -> bool:
@@ -115,14 +145,17 @@ class Settings:
     def parse(cls, pairs: Iterable[str], flag: str) -> Settings:
         """Settings from `KEY=VALUE` strings; ConfigError naming `flag` for a bad one."""
         items: dict[str, str] = {}
-        for pair in pairs:
+        for number, pair in enumerate(pairs, 1):
             key, eq, value = pair.partition("=")
             key = key.strip()
-            if not eq or not key or any(c.isspace() for c in key):
-                shown = key if eq else pair
-                if is_secret_setting(shown):
-                    shown = "***"
-                raise ConfigError(f"invalid {flag} {shown!r}: expected KEY=VALUE")
+            if not eq or not _SETTING_KEY.fullmatch(key):
+                # never the text: without a well-formed key, it may be any part of a
+                # secret (PG2SINK_KAFKA_CONFIG='sasl.password=a,b' once showed 'b')
+                raise ConfigError(
+                    f"invalid {flag} (setting {number}): expected KEY=VALUE with a key of "
+                    "letters, digits, '.', '_' or '-' (the text is not shown: it may hold "
+                    "a secret)"
+                )
             items[key] = value
         return cls(items)
 
@@ -229,6 +262,60 @@ class SourceConfig:
     publish_via_partition_root: bool = False
     """Publication option publish_via_partition_root: a partition's changes arrive under
     its partitioned root's name (--publish-via-partition-root)."""
+    allow_no_replica_identity: bool = False
+    """Also publish tables without a primary key or replica identity, whose UPDATE and
+    DELETE PostgreSQL then refuses (--allow-no-replica-identity); by default they are
+    left out with a warning."""
+
+    def __post_init__(self) -> None:
+        check_names(self)
+
+
+#: PostgreSQL names are at most NAMEDATALEN - 1 bytes; a longer one is cut silently, and
+#: the cut name then never matches the one pg2sink looks for
+_MAX_NAME_BYTES = 63
+#: what pg_create_logical_replication_slot accepts (ReplicationSlotValidateName)
+_SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+
+
+def _is_system_schema(name: str) -> bool:
+    return name == "information_schema" or name.startswith("pg_")
+
+
+def check_names(src: SourceConfig) -> None:
+    """ConfigError for names PostgreSQL would refuse half way through a start (after the
+    publication was created), or that would silently empty the publication."""
+    if not _SLOT_NAME.fullmatch(src.slot):
+        raise ConfigError(
+            f"invalid --slot {src.slot!r}: a replication slot name is lower-case letters, "
+            "digits and underscores, at most 63 characters"
+        )
+    for flag, name in [
+        ("--publication", src.publication),
+        ("--internal-schema", src.internal_schema),
+    ]:
+        if not name or len(name.encode()) > _MAX_NAME_BYTES:
+            raise ConfigError(f"invalid {flag} {name!r}: a name of 1 to 63 bytes")
+    for schema in src.schemas:
+        if _is_system_schema(schema):
+            raise ConfigError(f"--schema {schema}: system schema; its tables cannot be published")
+    internal = src.internal_schema
+    if _is_system_schema(internal):
+        raise ConfigError(
+            f"--internal-schema {internal}: system schema; pick a schema of pg2sink's own "
+            "(default pg2sink)"
+        )
+    if internal in src.schemas:
+        # the internal schema is never published: every table of it would leave
+        raise ConfigError(
+            f"--internal-schema {internal}: it must not be a published schema (--schema), "
+            f"or every table of {internal} leaves the publication"
+        )
+    if internal == "public":
+        raise ConfigError(
+            "--internal-schema public: public holds user tables; pick a schema of pg2sink's "
+            "own (default pg2sink)"
+        )
 
 
 @dataclass(frozen=True)
