@@ -2,8 +2,11 @@
 
 Every option can also come from the environment as PG2SINK_<NAME> (upper
 case, dashes as underscores; repeatable options take a comma-separated
-list). Flags win over the environment. Errors the user can fix print one
-line on stderr and exit with code 2.
+list). Flags win over the environment, and an environment value is checked
+exactly like the flag's (choices, durations, numbers). A single-valued flag
+given twice is an error, never "the last one wins". Errors the user can fix
+print one line on stderr and exit with code 2; they never quote a connection
+string or a client setting beyond its key names.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pg2sink import __version__, logs
@@ -74,6 +78,85 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit 2
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: None = None
+    ) -> argparse.Namespace:
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(_unexpected(extra))
+        return parsed
+
+
+def _unexpected(extra: list[str]) -> str:
+    """argparse's "unrecognized arguments" without the words themselves: an unquoted
+    DSN (`--source host=x password=a b`) leaves pieces of a password there."""
+    flags = [a.partition("=")[0] for a in extra if a.startswith("-")]
+    words = len(extra) - len(flags)
+    parts = [f"unrecognized arguments: {' '.join(flags)}"] if flags else []
+    if words:
+        parts.append(
+            f"{words} unexpected argument(s), not shown (a value holding spaces needs quotes)"
+        )
+    return "; ".join(parts)
+
+
+class _Once(argparse.Action):
+    """Stores a single-valued option, refusing a second occurrence: with "the last one
+    wins", `--source a --source b` once sent pg2sink to the wrong database."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given: set[str] = namespace.__dict__.setdefault("_given", set())
+        if self.dest in given:
+            raise argparse.ArgumentError(self, "given more than once (it takes one value)")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+class _FromEnv(str):
+    """A default read from PG2SINK_<NAME>: argparse converts string defaults with the
+    option's type, and the type's error then names the variable."""
+
+    variable = ""
+
+
+def _checked(convert: Callable[[str], Any] | None, choices: Sequence[str] | None) -> Any:
+    """The option's type, checking `choices` too: argparse checks choices only for
+    command-line values, never for a default, so PG2SINK_FORMAT=xml passed unchecked."""
+
+    def check(text: str) -> Any:
+        try:
+            if choices is not None and text not in choices:
+                raise argparse.ArgumentTypeError(
+                    f"invalid choice: {str(text)!r} (choose from {', '.join(choices)})"
+                )
+            return convert(str(text)) if convert is not None else str(text)
+        except argparse.ArgumentTypeError as e:
+            if isinstance(text, _FromEnv):
+                raise argparse.ArgumentTypeError(f"{e} (from {text.variable})") from None
+            raise
+
+    check.__name__ = getattr(convert, "__name__", "value")  # argparse names it in errors
+    return check
+
+
+#: a comma that starts another KEY=VALUE client setting; any other comma belongs to the
+#: value (`bootstrap.servers=a:1,b:2`, a password holding a comma)
+_SETTING_START = re.compile(r",(?=\s*[A-Za-z0-9_.-]+=)")
+
+
+def _split_list(raw: str) -> list[str]:
+    return [v.strip() for v in raw.split(",") if v.strip()]
+
+
+def _split_settings(raw: str) -> list[str]:
+    return [v.strip() for v in _SETTING_START.split(raw) if v.strip()]
+
 
 def _add(
     group: argparse._ArgumentGroup,
@@ -81,21 +164,26 @@ def _add(
     help: str,
     default: Any = None,
     repeat: bool = False,
+    split: Callable[[str], list[str]] = _split_list,
     **kwargs: Any,
 ) -> None:
-    """An option whose default comes from PG2SINK_<NAME>, then `default`."""
+    """An option whose default comes from PG2SINK_<NAME>, then `default`; `split` cuts
+    the variable of a repeatable option into its values."""
     env = _env_name(flags[-1] if flags[-1].startswith("--") else flags[0])
     raw = os.environ.get(env)
     if repeat:
-        value: Any = [v.strip() for v in raw.split(",") if v.strip()] if raw else None
+        value: Any = split(raw) if raw else None
         kwargs["action"] = "append"
     elif kwargs.get("action") == "store_const":
         # a switch: its variable is parsed as a boolean by _bool_env ('false' is off)
         value = default
-    elif raw is not None:
-        value = raw
     else:
+        kwargs["action"] = _Once
+        kwargs["type"] = _checked(kwargs.get("type"), kwargs.get("choices"))
         value = default
+        if raw is not None:
+            value = _FromEnv(raw)
+            value.variable = env
     shown = f" (default: {default})" if default not in (None, [], ()) else ""
     group.add_argument(*flags, default=value, help=f"{help}{shown} [env: {env}]", **kwargs)
 
@@ -234,6 +322,7 @@ def _add_kafka_options(p: argparse.ArgumentParser) -> None:
         g,
         "--kafka-config",
         repeat=True,
+        split=_split_settings,
         help="librdkafka producer setting (security.protocol, sasl.*, ssl.*, linger.ms, "
         "compression.type...); repeatable",
         metavar="KEY=VALUE",
@@ -249,6 +338,7 @@ def _add_kafka_options(p: argparse.ArgumentParser) -> None:
         g,
         "--schema-registry-config",
         repeat=True,
+        split=_split_settings,
         help="schema registry client setting (basic.auth.user.info, ssl.ca.location, "
         "timeout...); repeatable",
         metavar="KEY=VALUE",
@@ -334,6 +424,20 @@ def _add_change_options(p: argparse.ArgumentParser) -> None:
         help="install an event trigger (superuser) that emits each DDL statement as a "
         "'pg2sink.ddl' message, forwarded as a Message record in commit order; without it "
         "pg2sink removes that trigger",
+    )
+    _add_identity_option(g)
+
+
+def _add_identity_option(g: argparse._ArgumentGroup) -> None:
+    _add(
+        g,
+        "--allow-no-replica-identity",
+        action="store_const",
+        const=True,
+        help="also publish tables with neither a primary key nor a replica identity "
+        "(REPLICA IDENTITY NOTHING, or DEFAULT without a primary key); PostgreSQL then "
+        "refuses every UPDATE and DELETE on them. Without it such tables are left out "
+        "with a warning",
     )
 
 
@@ -519,9 +623,11 @@ def _source_config(args: argparse.Namespace) -> SourceConfig:
         tables=tuple(getattr(args, "table", None) or ()),
         exclude_tables=tuple(getattr(args, "exclude_table", None) or ()),
         internal_schema=args.internal_schema,
-        # a `stream` option: drop and status do not have it
+        # `stream` options: drop and status do not have them
         publish_via_partition_root=bool(getattr(args, "publish_via_partition_root", False))
         or _bool_env("PG2SINK_PUBLISH_VIA_PARTITION_ROOT"),
+        allow_no_replica_identity=bool(getattr(args, "allow_no_replica_identity", False))
+        or _bool_env("PG2SINK_ALLOW_NO_REPLICA_IDENTITY"),
     )
 
 
