@@ -18,7 +18,12 @@ from pg2sink.config import SourceConfig
 from pg2sink.errors import ConfigError
 from pg2sink.imports import jobs
 from pg2sink.logical.lsn import format_lsn
-from pg2sink.publication.manager import publication_exists, publication_members
+from pg2sink.publication.manager import (
+    PublicationManager,
+    publication_exists,
+    publication_members,
+)
+from pg2sink.publication.patterns import TableFilter, parse_table_name, quote_table_name
 
 _SLOT = """
 SELECT active, active_pid, confirmed_flush_lsn - '0/0', restart_lsn - '0/0',
@@ -50,6 +55,8 @@ class Status:
     tables: list[str] = field(default_factory=list)
     imports: list[dict[str, Any]] = field(default_factory=list)
     """The publication's import jobs (not expired), oldest first (jobs.Job.as_json)."""
+    warnings: list[str] = field(default_factory=list)
+    """What is likely a mistake: -t/-T patterns that select no table."""
 
 
 def slot_status(conn: psycopg.Connection[TupleRow], name: str) -> SlotStatus:
@@ -82,9 +89,22 @@ def collect(src: SourceConfig) -> Status:
             imports=[
                 j.as_json() for j in jobs.list_jobs(conn, src.internal_schema, src.publication)
             ],
+            warnings=_pattern_warnings(conn, src),
         )
     finally:
         conn.close()
+
+
+def _pattern_warnings(conn: psycopg.Connection[TupleRow], src: SourceConfig) -> list[str]:
+    table_filter = TableFilter.from_patterns(src.tables, src.exclude_tables)
+    if not table_filter.has_patterns():
+        return []
+    manager = PublicationManager(
+        conn, src.publication, src.schemas, table_filter, src.internal_schema
+    )
+    if manager.selected():
+        return []
+    return [f"{table_filter.describe()} select no table in schema(s) {', '.join(src.schemas)}"]
 
 
 def import_jobs(src: SourceConfig, *, include_expired: bool = False) -> list[jobs.Job]:
@@ -102,29 +122,31 @@ def request_imports(src: SourceConfig, tables: list[str]) -> list[str]:
     """`pg2sink import --table S.T`: a new job per table (its live job expired)."""
     from pg2sink.imports.migrate import apply_migrations
 
-    targets = []
-    for name in tables:
-        schema, dot, table = name.partition(".")
-        if not dot or not schema or not table:
-            raise ConfigError(f"invalid --table {name!r}: expected SCHEMA.TABLE")
-        targets.append((schema, table))
+    targets = [parse_table_name(name) for name in tables]
     conn = connect(src.dsn, application_name="pg2sink import")
     try:
         published = {(t.schema, t.name) for t in publication_members(conn, src.publication)}
         for schema, table in targets:
             if (schema, table) not in published:
                 raise ConfigError(
-                    f"table {schema}.{table} is not in publication {src.publication}: "
-                    "pg2sink imports published tables only"
+                    f"table {quote_table_name(schema, table)} is not in publication "
+                    f"{src.publication}: pg2sink imports published tables only"
+                    + _spelling_hint(schema, table, published)
                 )
         apply_migrations(src.dsn, src.internal_schema)
         out = []
         for schema, table in targets:
             job_id = jobs.request_import(conn, src.internal_schema, src.publication, schema, table)
-            out.append(f"import job {job_id} created for {schema}.{table}")
+            out.append(f"import job {job_id} created for {quote_table_name(schema, table)}")
         return out
     finally:
         conn.close()
+
+
+def _spelling_hint(schema: str, table: str, published: set[tuple[str, str]]) -> str:
+    """Unquoted names fold to lower case: name the published table differing in case."""
+    same = [p for p in published if (p[0].lower(), p[1].lower()) == (schema, table)]
+    return f" (did you mean {quote_table_name(*same[0])}?)" if same else ""
 
 
 def render_jobs(found: list[jobs.Job]) -> list[str]:
@@ -180,6 +202,7 @@ def render(status: Status) -> str:
         lines += [f"  {t}" for t in status.tables]
     else:
         lines.append(f"publication {status.publication}: does not exist")
+    lines += [f"warning: {w}" for w in status.warnings]
     lines += _job_lines(status.imports)
     return "\n".join(lines)
 

@@ -2,9 +2,18 @@
 
 The desired membership is every ordinary or partitioned table in the
 selected schemas that the -t/-T patterns accept (partitions are covered by
-their root). `reconcile()` adds what is missing and drops what no longer
-exists or no longer matches, in one transaction under an advisory lock, so
-two pg2sink instances sharing a publication serialise instead of fighting.
+their root), minus the tables without a replica identity. `reconcile()` adds
+what is missing and drops what no longer exists or no longer matches, in one
+transaction under an advisory lock, so two pg2sink instances sharing a
+publication serialise instead of fighting. What it did is logged only after
+that transaction committed.
+
+Tables without a replica identity (REPLICA IDENTITY NOTHING, or DEFAULT without a
+primary key) are left out with a warning unless allow_no_replica_identity: once such a
+table is in a publication that publishes UPDATE and DELETE, PostgreSQL refuses every
+UPDATE and DELETE the application runs on it
+(https://www.postgresql.org/docs/15/logical-replication-publication.html). For a
+partitioned table what counts is its leaf partitions, where the rows live.
 
 Partitioned tables: the root is the member, never its partitions. PostgreSQL then
 publishes every partition, present and future, with no action from us; whether their
@@ -24,7 +33,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from pg2sink.errors import ServerConfigError
+from pg2sink.errors import ConfigError, ServerConfigError
 from pg2sink.publication.patterns import TableFilter
 
 log = logging.getLogger(__name__)
@@ -38,6 +47,9 @@ class Table:
     #: pg_class.relreplident: d(efault), n(othing), f(ull), i(ndex)
     replica_identity: str = "d"
     has_primary_key: bool = True
+    #: UPDATE/DELETE on it (on one of its partitions) fail while it is published: no key
+    #: to log. Known for candidates only (members are read without it).
+    lacks_identity: bool = False
 
     @property
     def qualified(self) -> str:
@@ -46,13 +58,6 @@ class Table:
     @property
     def identifier(self) -> sql.Identifier:
         return sql.Identifier(self.schema, self.name)
-
-    @property
-    def lacks_identity(self) -> bool:
-        """UPDATE/DELETE on it fail while it is published (no key to log)."""
-        return self.replica_identity == "n" or (
-            self.replica_identity == "d" and not self.has_primary_key
-        )
 
 
 @dataclass(frozen=True)
@@ -64,13 +69,43 @@ class Reconciliation:
     members: tuple[Table, ...]
 
 
+# A relation has a replica identity when it is FULL, or its DEFAULT (primary key) or
+# USING INDEX index exists (a dropped identity index behaves as NOTHING). The partition
+# tree is walked through pg_inherits (pg_partition_tree needs PostgreSQL 12); a
+# partitioned table counts by its leaves, or by itself while it has none.
 _CANDIDATES = """
-SELECT n.nspname, c.relname, c.oid, c.relreplident,
-       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence = 'p'
-  AND n.nspname = ANY(%(schemas)s) AND n.nspname <> %(internal)s
+WITH RECURSIVE candidate AS (
+    SELECT n.nspname, c.relname, c.oid, c.relreplident
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence = 'p'
+      AND n.nspname = ANY(%(schemas)s) AND n.nspname <> %(internal)s
+), tree (root, relid) AS (
+    SELECT oid, oid FROM candidate
+    UNION ALL
+    SELECT t.root, i.inhrelid FROM tree t
+    JOIN pg_inherits i ON i.inhparent = t.relid
+    JOIN pg_class p ON p.oid = i.inhrelid AND p.relispartition
+), node AS (
+    SELECT t.root, c.relkind NOT IN ('p', 'f') AS leaf,
+           c.relreplident = 'f' OR EXISTS (
+               SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid
+                 AND CASE c.relreplident WHEN 'd' THEN i.indisprimary
+                                         WHEN 'i' THEN i.indisreplident ELSE false END
+           ) AS identity
+    FROM tree t JOIN pg_class c ON c.oid = t.relid
+)
+SELECT c.nspname, c.relname, c.oid, c.relreplident,
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+       NOT coalesce(bool_and(node.identity) FILTER (WHERE node.leaf), bool_and(node.identity))
+FROM candidate c JOIN node ON node.root = c.oid
+GROUP BY c.nspname, c.relname, c.oid, c.relreplident
 ORDER BY 1, 2
+"""
+
+_MISSING_SCHEMAS = """
+SELECT s FROM unnest(%(schemas)s::text[]) s
+WHERE NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = s)
+ORDER BY 1
 """
 
 _MEMBERS = """
@@ -91,7 +126,7 @@ MembershipHook = Callable[
 
 
 def _tables(rows: list[TupleRow]) -> list[Table]:
-    return [Table(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+    return [Table(*r) for r in rows]
 
 
 def publication_exists(conn: psycopg.Connection[TupleRow], name: str) -> bool:
@@ -123,6 +158,7 @@ class PublicationManager:
         internal_schema: str = "pg2sink",
         publish_via_partition_root: bool = False,
         on_change: MembershipHook | None = None,
+        allow_no_replica_identity: bool = False,
     ) -> None:
         self.conn = conn
         self.publication = publication
@@ -133,13 +169,39 @@ class PublicationManager:
         #: called inside reconcile()'s transaction with (conn, joined, left) when membership
         #: changed: import jobs are created in the same transaction as the join
         self.on_change = on_change
+        self.allow_no_replica_identity = allow_no_replica_identity
         self._warned: set[int] = set()
+        #: oids of the tables the last reconcile left out for want of a replica identity:
+        #: each is warned about when it starts being left out, not at every poll
+        self._left_out: set[int] = set()
+        self._schemas_checked = False
 
-    def desired(self) -> list[Table]:
+    def selected(self) -> list[Table]:
+        """The tables of the schemas that the -t/-T patterns accept."""
         rows = self.conn.execute(
             _CANDIDATES, {"schemas": list(self.schemas), "internal": self.internal_schema}
         ).fetchall()
         return [t for t in _tables(rows) if self.filter.wants(t.schema, t.name)]
+
+    def desired(self) -> list[Table]:
+        """The tables the publication should hold: selected, and safe to publish."""
+        return [t for t in self.selected() if not self._keep_out(t)]
+
+    def _keep_out(self, t: Table) -> bool:
+        return t.lacks_identity and not self.allow_no_replica_identity
+
+    def _check_schemas(self) -> None:
+        """At the first reconcile: a --schema that does not exist is a mistake (a typo
+        streams nothing); later, a schema dropped while running just empties."""
+        if self._schemas_checked:
+            return
+        rows = self.conn.execute(_MISSING_SCHEMAS, {"schemas": list(self.schemas)}).fetchall()
+        if rows:
+            raise ConfigError(
+                f"--schema {', '.join(r[0] for r in rows)}: no such schema in database "
+                f"{self.conn.info.dbname}"
+            )
+        self._schemas_checked = True
 
     def reconcile(self) -> Reconciliation:
         """One pass: create the publication if needed, then add and drop tables."""
@@ -151,9 +213,11 @@ class PublicationManager:
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     (f"pg2sink.publication.{self.publication}",),
                 )
-                self._ensure_publication()
+                self._check_schemas()
+                changed = self._ensure_publication()
                 current = {t.oid: t for t in publication_members(self.conn, self.publication)}
-                wanted = {t.oid: t for t in self.desired()}
+                selected = self.selected()
+                wanted = {t.oid: t for t in selected if not self._keep_out(t)}
                 joined = [t for oid, t in wanted.items() if oid not in current]
                 left = [t for oid, t in current.items() if oid not in wanted]
                 pub = sql.Identifier(self.publication)
@@ -173,10 +237,21 @@ class PublicationManager:
                 "The role needs CREATE on the database and ownership of the published tables "
                 "(or run pg2sink as their owner)"
             ) from None
+        # committed: now it is true to say so
+        if changed:
+            log.info("%s", changed)
+        self._warn_left_out([t for t in selected if self._keep_out(t)])
+        if not selected and self.filter.has_patterns():
+            log.warning(
+                "%s select no table in schema(s) %s: publication %s is empty",
+                self.filter.describe(),
+                ", ".join(self.schemas),
+                self.publication,
+            )
         for t in joined:
             log.info("table %s joined publication %s", t.qualified, self.publication)
             if t.lacks_identity and t.oid not in self._warned:
-                self._warned.add(t.oid)
+                self._warned.add(t.oid)  # published on purpose: --allow-no-replica-identity
                 log.warning(
                     "table %s has no primary key or replica identity: UPDATE and DELETE on it "
                     "now fail in PostgreSQL; add a primary key or run "
@@ -188,8 +263,24 @@ class PublicationManager:
             log.info("table %s left publication %s", t.qualified, self.publication)
         return Reconciliation(tuple(joined), tuple(left), tuple(sorted(wanted.values())))
 
-    def _ensure_publication(self) -> None:
-        """Create the publication, or align its publish_via_partition_root with ours."""
+    def _warn_left_out(self, left_out: list[Table]) -> None:
+        """One warning per table when it starts being left out (again)."""
+        for t in left_out:
+            if t.oid not in self._left_out:
+                log.warning(
+                    "table %s has no primary key or replica identity: left out of "
+                    "publication %s, since PostgreSQL refuses UPDATE and DELETE on a "
+                    "published table without one; add a primary key, run ALTER TABLE %s "
+                    "REPLICA IDENTITY FULL, or pass --allow-no-replica-identity",
+                    t.qualified,
+                    self.publication,
+                    t.identifier.as_string(self.conn),
+                )
+        self._left_out = {t.oid for t in left_out}
+
+    def _ensure_publication(self) -> str | None:
+        """Create the publication, or align its publish_via_partition_root with ours;
+        returns what to log once the transaction commits."""
         pub = sql.Identifier(self.publication)
         via_root = sql.Literal(self.publish_via_partition_root)
         current = publication_via_root(self.conn, self.publication)
@@ -199,18 +290,18 @@ class PublicationManager:
                     pub, via_root
                 )
             )
-            log.info("created publication %s", self.publication)
-        elif current != self.publish_via_partition_root:
+            return f"created publication {self.publication}"
+        if current != self.publish_via_partition_root:
             self.conn.execute(
                 sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = {})").format(
                     pub, via_root
                 )
             )
-            log.info(
-                "publication %s: publish_via_partition_root set to %s",
-                self.publication,
-                str(self.publish_via_partition_root).lower(),
+            return (
+                f"publication {self.publication}: publish_via_partition_root set to "
+                f"{str(self.publish_via_partition_root).lower()}"
             )
+        return None
 
     def drop(self) -> bool:
         """Drop the publication; False when it did not exist."""

@@ -93,8 +93,80 @@ class TableFilter:
             exclude=tuple(compile_pattern(p) for p in exclude),
         )
 
+    def has_patterns(self) -> bool:
+        return bool(self.include or self.exclude)
+
+    def describe(self) -> str:
+        """The patterns as given: `-t 'user*' -T 'tmp_*'`."""
+        return " ".join(
+            [f"-t {p.text!r}" for p in self.include] + [f"-T {p.text!r}" for p in self.exclude]
+        )
+
     def wants(self, schema: str, table: str) -> bool:
         # -T wins over -t; no -t at all means every table.
         if any(p.matches(schema, table) for p in self.exclude):
             return False
         return not self.include or any(p.matches(schema, table) for p in self.include)
+
+
+def parse_table_name(text: str, flag: str = "--table") -> tuple[str, str]:
+    """`schema.table` as SQL reads it → (schema, table); ConfigError otherwise.
+
+    Unquoted parts fold to lower case; double quotes keep a part as written, dots and
+    capitals included (`"my.schema".t`). A name with more unquoted dots than one has two
+    readings (`my.schema.t`), so it is refused with both spelled out, never guessed."""
+    parts = _identifier_parts(text, flag)
+    if len(parts) == 2 and all(parts):
+        return parts[0], parts[1]
+    if len(parts) > 2 and all(parts):
+        readings = " or ".join(
+            repr(f"{quote_identifier('.'.join(parts[:i]))}.{quote_identifier('.'.join(parts[i:]))}")
+            for i in range(1, len(parts))
+        )
+        raise ConfigError(
+            f"invalid {flag} {text!r}: a name with more than one unquoted dot is ambiguous; "
+            f"quote the part holding a dot: {readings}"
+        )
+    raise ConfigError(f"invalid {flag} {text!r}: expected SCHEMA.TABLE")
+
+
+def _identifier_parts(text: str, flag: str) -> list[str]:
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            if quoted and text[i + 1 : i + 2] == '"':
+                current.append('"')
+                i += 1
+            else:
+                quoted = not quoted
+        elif quoted:
+            current.append(c)
+        elif c == ".":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(c.lower())
+        i += 1
+    if quoted:
+        raise ConfigError(f"invalid {flag} {text!r}: unterminated double quote")
+    parts.append("".join(current))
+    return parts
+
+
+_PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+def quote_identifier(name: str) -> str:
+    """`name` as SQL would need it written: as is when plain, else double-quoted."""
+    if _PLAIN_IDENTIFIER.fullmatch(name):
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_table_name(schema: str, table: str) -> str:
+    """`schema.table` that parse_table_name reads back as (schema, table)."""
+    return f"{quote_identifier(schema)}.{quote_identifier(table)}"

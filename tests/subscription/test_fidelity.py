@@ -100,7 +100,8 @@ def test_replica_identity_nothing_streams_inserts_and_postgres_refuses_the_rest(
     conn.execute("ALTER TABLE nothing REPLICA IDENTITY NOTHING")
     conn.execute("CREATE TABLE nokey (id int, v text)")  # DEFAULT without a key
     out = tmp_path / "out.jsonl"
-    p = start(pg2sink_proc, out)
+    # published on purpose: by default such tables are left out (tests/test_publication_cli.py)
+    p = start(pg2sink_proc, out, "--allow-no-replica-identity")
     for table in ("nothing", "nokey"):
         conn.execute(f"INSERT INTO {table} VALUES (1, 'a')")
         # PostgreSQL refuses to log these: nothing can reach a consumer without a before
