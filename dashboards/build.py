@@ -378,8 +378,9 @@ def build() -> Dashboard:
             graph(
                 14,
                 "Write latency",
-                "Write-to-acknowledgement latency of sinks that deliver asynchronously "
-                "(Kafka): p50, p90, p99. The file sink writes to a buffer and reports none.",
+                "Write-to-acknowledgement latency: from a transaction's commit reaching the "
+                "sink until the sink holds it durably (the wait for a flush plus the flush), "
+                "p50, p90, p99.",
                 quantiles("pg2sink_sink_write_seconds", "write"),
                 "s",
                 width=THIRD,

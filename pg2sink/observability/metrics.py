@@ -165,7 +165,8 @@ class StatsCollector(Collector):
         )
         yield _histogram(
             "pg2sink_sink_write_seconds",
-            "time from write to delivery acknowledgement, for sinks that deliver asynchronously",
+            "time from a transaction's records reaching the sink (its commit) until the sink "
+            "acknowledged them durable; the oldest waiting transaction, once per acknowledgement",
             s.write_seconds,
         )
         yield _gauge(

@@ -8,6 +8,7 @@ or calls into prometheus_client. The hot path touches plain ints and dicts:
     per message      stats.messages[type] += n  (or add up locally, bulk-add)
     per commit       stats.commit_received(end_lsn, commit_time)
     per flush        stats.observe_flush(seconds, records); stats.acknowledge(lsn)
+    per ack          stats.write_seconds.observe(seconds)
     per keepalive    stats.heartbeats += 1
     per poll         stats.set_server_position(position); stats.publication_tables = n
 
@@ -243,7 +244,8 @@ class StreamStats:
         self.flush_seconds = Buckets(LATENCY_BUCKETS)
         #: Records written since the previous flush, observed at each flush.
         self.flush_records = Buckets(FLUSH_RECORDS_BUCKETS)
-        #: Write-to-acknowledgement latency, for sinks that deliver asynchronously.
+        #: From a transaction's commit written to the sink until the sink acknowledged it:
+        #: the oldest waiting transaction, once per acknowledgement (the Streamer).
         self.write_seconds = Buckets(LATENCY_BUCKETS)
         #: Bytes the sink holds written but not yet durable (its buffer or queue).
         self.raw_buffer_bytes = 0

@@ -167,6 +167,9 @@ class Streamer:
         self._changes_at_flush = 0
         #: (mark, start time, changes so far) of the flush being timed, if any
         self._timed_flush: tuple[int, float, int] | None = None
+        #: (end LSN, when its records were all written) of the oldest commit the sink
+        #: has not acknowledged yet, timed until it is (pg2sink_sink_write_seconds)
+        self._timed_write: tuple[int, float] | None = None
         #: time spent waiting for the server (the rest is pg2sink's own work)
         self.idle_seconds = 0.0
 
@@ -265,12 +268,16 @@ class Streamer:
         server's wal_sender_timeout from ending the connection."""
         self._housekeeping(self.clock())
 
-    def _checkpoint(self, lsn: int) -> None:
+    def _checkpoint(self, lsn: int, commit: bool = True) -> None:
+        """A commit's end (or, commit=False, a keepalive's position) is confirmable."""
         if lsn > self.received_lsn:
             self.received_lsn = lsn
         if lsn > self.checkpointed_lsn:
             self.checkpointed_lsn = lsn
             self.handler.checkpoint(lsn)
+            if commit and self._timed_write is None:
+                # one commit at a time, the oldest waiting: a clock read per acknowledgement
+                self._timed_write = (lsn, self.clock())
 
     def _keepalive(self, ka: PrimaryKeepalive) -> None:
         self.stats.heartbeats += 1
@@ -281,7 +288,7 @@ class Streamer:
             # no transaction is open: commits that published nothing (or were
             # skipped as empty) are behind us, so this position is confirmable
             # once the sink has flushed what came before it.
-            self._checkpoint(ka.wal_end)
+            self._checkpoint(ka.wal_end, commit=False)
         if ka.reply_requested:
             self._flush()
             self._send_status(self.clock(), force=True)
@@ -341,6 +348,10 @@ class Streamer:
         if not self.confirm:
             return
         self.stats.acknowledge(acked)
+        written = self._timed_write
+        if written is not None and acked >= written[0]:
+            self._timed_write = None
+            self.stats.write_seconds.observe(self.clock() - written[1])
         timed = self._timed_flush
         if timed is not None and acked >= timed[0]:
             self._timed_flush = None
