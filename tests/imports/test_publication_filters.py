@@ -30,7 +30,7 @@ from tests.imports.support import (
     wait_confirmed,
     wait_imported,
 )
-from tests.sinks.test_kafka import Reader
+from tests.sinks.test_kafka import Reader, registry_get
 
 pytestmark = pytest.mark.slow
 
@@ -151,3 +151,6 @@ def test_kafka_sink_imports_only_the_published_columns_and_rows(
     assert all(set(v["after"]) == {"id", "name"} for v in values), values
     assert [v["after"]["id"] for v in values if v["operation"] == "INSERT"] == [4]
     assert all(v["after"]["name"] != "hidden" for v in values)
+    # the import registered the row schema the stream then found registered: one version
+    topic = f"{topic_prefix}.public.users"
+    assert registry_get(kafka_stack, f"subjects/{topic}-value/versions") == [1]
