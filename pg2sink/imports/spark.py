@@ -108,7 +108,7 @@ class ImportTask:
     """Partition numbers still to do."""
     snapshot: str
     """pg_export_snapshot() name."""
-    source_dsn: str
+    source_dsn: str = dataclasses.field(repr=False)
     """Secret: never log it."""
     internal_schema: str
     sink: ImportSinkConfig

@@ -129,6 +129,8 @@ def test_an_import_under_verify_full_with_a_client_certificate(
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(f"{server.dsn('imports_tls')} sslmode=verify-full").close()
     out = tmp_path / "changes.jsonl"
+    # sslpassword reaches the readers too (unused by an unencrypted key), never the log
+    dsn = f"{dsn} sslpassword={SECRET}"
     env = clean_env(**_env(dsn, "imports_tls"), PG2SINK_PUBLICATION_POLL_INTERVAL="500ms")
     proc = Pg2Sink(["--file-path", str(out)], env, tmp_path).start()
     try:
@@ -145,6 +147,7 @@ def test_an_import_under_verify_full_with_a_client_certificate(
     finally:
         code = proc.stop()
     assert code == 0, proc.stderr()
+    assert SECRET not in proc.stderr() and SECRET.encode() not in out.read_bytes()
     imported = [r for r in read_changelog(out) if r.get("operation") == "IMPORT"]
     assert sorted(r["after"]["id"] for r in imported) == list(range(1, 501))
 
