@@ -104,7 +104,7 @@ def test_settings_hide_secrets() -> None:
     assert s.reveal() == {"sasl.username": "u", "sasl.password": "hunter2", "x": "a=b"}
     assert "hunter2" not in repr(s) and "hunter2" not in repr(KafkaConfig("b", s))
     assert s.secrets() == ["hunter2"]
-    with pytest.raises(ConfigError, match=r"invalid --kafka-config 'linger\.ms': expected KEY"):
+    with pytest.raises(ConfigError, match=r"invalid --kafka-config \(setting 1\): expected KEY"):
         Settings.parse(["linger.ms"], "--kafka-config")
     url_cfg = KafkaConfig("b", schema_registry_url="http://me:pw@registry:8081")
     assert url_cfg.secrets() == ["pw"] and "pw" not in repr(url_cfg)
@@ -147,7 +147,7 @@ JSON_SINK = [*SINK, "--format", "json"]
         ),
         (
             [*JSON_SINK, "--kafka-config", "linger.ms"],
-            "invalid --kafka-config 'linger.ms': expected KEY=VALUE",
+            "invalid --kafka-config (setting 1): expected KEY=VALUE",
         ),
         (
             [*JSON_SINK, "--kafka-config", "acks=1"],
