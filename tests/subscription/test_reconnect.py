@@ -145,7 +145,7 @@ def test_lost_catalog_connection_is_retried(
         # the replication connection still streams until the next poll finds the loss
         _wait_log(p, "streaming again after", i + 1)
         conn.execute("INSERT INTO t VALUES (%s)", (i,))
-        _wait_row(out, i)
+        _wait_row(p, out, i)
         _running(p)
     assert p.stop() == 0
     err = p.stderr()
@@ -188,8 +188,12 @@ def _ids(out: Path) -> set[int]:
     return {int(r["after"]["id"]) for r in modifications(out) if r.get("after")}
 
 
-def _wait_row(out: Path, value: int, timeout: float = 60) -> None:
-    wait_for(lambda: value in _ids(out), timeout, f"row {value} in the output")
+def _wait_row(p: Pg2Sink, out: Path, value: int, timeout: float = 60) -> None:
+    def arrived() -> bool:
+        _running(p)  # a crash fails at once, with its output
+        return value in _ids(out)
+
+    wait_for(arrived, timeout, f"row {value} in the output")
 
 
 def _wait_log(p: Pg2Sink, text: str, times: int) -> None:
@@ -218,7 +222,7 @@ def test_server_restarts_never_crash_and_lose_nothing(
     try:
         for i in range(10):
             _insert(own_db, "restarts", i)
-            _wait_row(out, i)  # streaming again (and polling the publication)
+            _wait_row(p, out, i)  # streaming again (and polling the publication)
             # a healthy session (the backoff starts again), then a restart at any moment
             time.sleep(3 + random.uniform(0, 0.5))
             _insert(own_db, "restarts", 100 + i)  # committed just before the shutdown
@@ -226,7 +230,7 @@ def test_server_restarts_never_crash_and_lose_nothing(
             own_server.start()
             _running(p)
         _insert(own_db, "restarts", 999)
-        _wait_row(out, 999)
+        _wait_row(p, out, 999)
         _running(p)
     finally:
         p.stop()
@@ -247,14 +251,14 @@ def test_each_outage_and_recovery_is_logged_and_recovery_is_quick(
     try:
         for outage in range(2):
             _insert(own_db, "outages", outage)
-            _wait_row(out, outage)
+            _wait_row(p, out, outage)
             time.sleep(3.5)  # a healthy period: the backoff starts again from its first step
             own_server.stop("fast")
             time.sleep(2)
             own_server.start()
             back = time.monotonic()
             _insert(own_db, "outages", 10 + outage)
-            _wait_row(out, 10 + outage)
+            _wait_row(p, out, 10 + outage)
             recoveries.append(time.monotonic() - back)
         _running(p)
     finally:
