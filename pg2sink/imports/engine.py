@@ -38,7 +38,7 @@ from pg2sink.config import StreamConfig
 from pg2sink.errors import ImportFailed, Pg2SinkError
 from pg2sink.imports import jobs
 from pg2sink.imports.gate import ImportGate
-from pg2sink.imports.jdbc import check_source
+from pg2sink.imports.jdbc import connection_properties
 from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot, wait_for_transactions
 from pg2sink.observability.stats import ImportProgress, StreamStats
 
@@ -135,7 +135,7 @@ class ImportEngine:
         # A connection setting the JDBC readers cannot honour (a CRL, a key pgjdbc cannot
         # read...) stops the start: every job would fail and retry forever.
         with connect(self.src.dsn, application_name="pg2sink import") as conn:
-            check_source(conn.info)
+            connection_properties(conn.info)
 
     # -- lifecycle ----------------------------------------------------------------
 

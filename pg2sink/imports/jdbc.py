@@ -9,7 +9,7 @@ either passed as the pgjdbc property with the same meaning (`PASSED`), or withou
 on what a reader reads or how safely it connects (`WITHOUT_EFFECT`: the choice between
 hosts, names and TCP tuning), or refused: a reader without it would connect differently
 from what the user asked, e.g. without a CRL or a client-certificate rule. A refusal is
-a ConfigError at the start of `pg2sink stream` (`check_source`), not a job failing and
+a ConfigError at the start of `pg2sink stream` (engine.ImportEngine), not a job failing and
 retrying forever.
 
 Keys (https://jdbc.postgresql.org/documentation/ssl/): libpq reads `sslkey` as PEM
@@ -144,8 +144,3 @@ def key_properties(path: str) -> dict[str, str]:
             f"(-----BEGIN PRIVATE KEY-----); convert it: {fix}"
         )
     return {"sslkey": path, "pemKeyAlgorithm": algorithm}
-
-
-def check_source(info: ConnectionInfo) -> None:
-    """ConfigError when imports cannot connect as `info`'s connection does (at start)."""
-    connection_properties(info)
