@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import services
+from psycopg import sql
 
 from pg2sink.subscription.reconnect import Reconnect
 from tests.conftest import Database, Pg2Sink, pg2sink_for, wait_for
@@ -202,7 +203,17 @@ def _wait_log(p: Pg2Sink, text: str, times: int) -> None:
 
 def _insert(db: Database, table: str, value: int) -> None:
     with psycopg.connect(db.dsn, autocommit=True) as conn:
-        conn.execute(f"INSERT INTO {table} VALUES (%s)", (value,))
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (%s)").format(sql.Identifier(table)), (value,))
+
+
+def _streaming_table(db: Database, tmp_path: Path, table: str) -> tuple[Pg2Sink, Path]:
+    """A new table and pg2sink streaming it (only it) to a file: the process and the file."""
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(table)))
+    out = tmp_path / "out.jsonl"
+    p = pg2sink_for(db, tmp_path, "--file-path", str(out), "-t", f"public.{table}", *FAST_POLL)
+    p.start().wait_streaming()
+    return p, out
 
 
 def _running(p: Pg2Sink) -> None:
@@ -214,11 +225,7 @@ def _running(p: Pg2Sink) -> None:
 def test_server_restarts_never_crash_and_lose_nothing(
     own_server: services.Postgres, own_db: Database, tmp_path: Path
 ) -> None:
-    with psycopg.connect(own_db.dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE restarts (id int PRIMARY KEY)")
-    out = tmp_path / "out.jsonl"
-    p = pg2sink_for(own_db, tmp_path, "--file-path", str(out), "-t", "public.restarts", *FAST_POLL)
-    p.start().wait_streaming()
+    p, out = _streaming_table(own_db, tmp_path, "restarts")
     try:
         for i in range(10):
             _insert(own_db, "restarts", i)
@@ -242,11 +249,7 @@ def test_server_restarts_never_crash_and_lose_nothing(
 def test_each_outage_and_recovery_is_logged_and_recovery_is_quick(
     own_server: services.Postgres, own_db: Database, tmp_path: Path
 ) -> None:
-    with psycopg.connect(own_db.dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE outages (id int PRIMARY KEY)")
-    out = tmp_path / "out.jsonl"
-    p = pg2sink_for(own_db, tmp_path, "--file-path", str(out), "-t", "public.outages", *FAST_POLL)
-    p.start().wait_streaming()
+    p, out = _streaming_table(own_db, tmp_path, "outages")
     recoveries: list[float] = []
     try:
         for outage in range(2):
