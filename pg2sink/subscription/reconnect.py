@@ -7,9 +7,9 @@ with a fake clock.
 - Before the first session streamed, only --retry-initial retries: every
   --retry-interval (a standby waiting for the active instance's slot).
 - Once streaming, an outage is retried with exponential backoff: 1 s, 2 s, 4 s ... up
-  to 30 s. A session that then streamed for a healthy period (3 s, longer than the
-  first two waits together) ended the outage, so the next outage starts again at 1 s;
-  a shorter one counts as the same outage flapping and the backoff keeps growing.
+  to 30 s. After a session that streamed for a healthy period (3 s, the first two
+  waits together) the next outage starts again at 1 s; after a shorter one (a server
+  or sink that keeps failing soon after each start) the backoff keeps growing.
 - One line per state change: a WARNING when an outage starts, an INFO when streaming
   resumes; a new reason within one outage is logged once at INFO.
 """
