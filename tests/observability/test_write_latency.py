@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for
+from tests.conftest import Database, KafkaStack, wait_for
 from tests.sinks.test_kafka import start as start_kafka
+from tests.sinks.test_kafka_health import api_url
 from tests.support import Proc
 from tests.support import start as start_file
 
@@ -28,12 +29,6 @@ def _grown(url: str, name: str, than: float) -> float | None:
     """The metric's value once it is above `than`, else None."""
     value = metric(url, name)
     return value if value > than else None
-
-
-def api_url(p: Pg2Sink) -> str:
-    match = re.search(r"/metrics on (http://\S+)", p.stderr())
-    assert match, p.stderr()
-    return match.group(1).rstrip("/")
 
 
 @pytest.mark.slow
