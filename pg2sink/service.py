@@ -40,7 +40,7 @@ from pg2sink.observability.stats import LogCounter, StreamStats
 from pg2sink.publication.manager import PublicationManager, Reconciliation, Table
 from pg2sink.publication.patterns import TableFilter
 from pg2sink.sinks.base import Sink
-from pg2sink.sinks.file import FileSink
+from pg2sink.sinks.file import FileSink, repair_torn_line
 from pg2sink.subscription.handlers import ChangelogHandler, DecodeOnlyHandler
 from pg2sink.subscription.reconnect import Reconnect
 from pg2sink.subscription.replication import ReplicationStream
@@ -81,12 +81,19 @@ def make_sink(cfg: StreamConfig) -> Sink:
 
 
 def _open_output(path: str) -> TextIO:
+    """--decode-only's output: standard output, or a file appended to after cutting a
+    line a crash tore at its end (as the file sink does, sinks/file.py)."""
     if path == "-":
         return sys.stdout
+    out: TextIO | None = None
     try:
-        return open(path, "a", encoding="utf-8")
+        out = open(path, "a", encoding="utf-8")  # noqa: SIM115 (run() closes it)
+        repair_torn_line(out.fileno(), path)
     except OSError as e:
+        if out is not None:
+            out.close()
         raise ConfigError(f"cannot open --file-path {path!r}: {e.strerror}") from None
+    return out
 
 
 class StreamService:

@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from tests.conftest import Database, Pg2Sink, pg2sink_for, wait_for
-from tests.support import FAST
+from tests.support import FAST, Proc, start
 
 #: Flush intervals (FAST: 0.1 s) pg2sink must outlive after the rows are confirmed.
 INTERVALS = 20
@@ -124,6 +124,27 @@ def test_standard_output_that_cannot_be_fsynced_keeps_streaming(
         if proc.proc is not None and proc.proc.poll() is None:
             proc.proc.kill()
             proc.proc.wait(10)
+
+
+def test_decode_only_cuts_a_torn_line_of_its_output_file(
+    db: Database, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    """--decode-only appends to --file-path too: a line a kill -9 tore is cut first,
+    not glued to the first line of the next run."""
+    conn = db.connect()
+    conn.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+    out = tmp_path / "decoded.txt"
+    whole, torn = b"0/1 BEGIN xid=1\n", b"0/2 INSERT public.t (id="
+    out.write_bytes(whole + torn)
+    proc = start(pg2sink_proc, out, "--decode-only")
+    conn.execute("INSERT INTO public.t VALUES (1)")
+    wait_for(lambda: b"COMMIT" in out.read_bytes(), what="the commit decoded")
+    assert proc.stop() == 0
+    data = out.read_bytes()
+    assert data.startswith(whole)
+    assert torn not in data  # cut, not glued to the next run's first line
+    assert data.endswith(b"\n") and b"COMMIT" in data
+    assert f"partial line of {len(torn)} bytes" in proc.stderr()
 
 
 def _wait_confirmed(db: Database, proc: Pg2Sink) -> None:
