@@ -323,3 +323,31 @@ def test_a_restart_after_a_kill_inside_a_write_cuts_the_torn_line(tmp_path: Path
     sink.checkpoint(300)
     sink.close()
     assert [r["kind"] for r in strict_lines(path)] == ["schema", "modification"]
+
+
+#: FileSink("-") writing one line, as `pg2sink >> FILE` does.
+STDOUT_WRITER = """
+import logging, sys
+from pg2sink.sinks.file import FileSink
+logging.basicConfig(level=logging.WARNING)
+sink = FileSink("-")
+sink.open()
+sink._append(sys.argv[1].encode())
+sink.close()
+"""
+
+
+def test_standard_output_appended_to_a_file_is_repaired_too(tmp_path: Path) -> None:
+    """`pg2sink >> FILE` after a kill -9: the shell's O_APPEND descriptor is the file
+    sink's file, torn line included."""
+    path = tmp_path / "out.jsonl"
+    whole = torn_file(path)
+    with open(path, "ab") as stdout:
+        done = subprocess.run(
+            [sys.executable, "-c", STDOUT_WRITER, record_line(SCHEMA).decode()],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    assert path.read_bytes() == whole + record_line(SCHEMA)
+    assert f"partial line of {len(TORN)} bytes" in done.stderr.decode()
