@@ -17,7 +17,7 @@ from pg2sink.errors import ConfigError, SinkError
 from pg2sink.sinks.kafka.topics import TopicRouter, escape_identifier, topic_name
 from tests.conftest import Database, KafkaStack
 from tests.sinks import test_kafka
-from tests.sinks.test_kafka import Reader, registry_get, start
+from tests.sinks.test_kafka import Reader, create_topic, registry_get, start
 from tests.support import Proc
 
 reader = test_kafka.reader  # the fixture
@@ -133,3 +133,22 @@ def test_a_shared_topic_only_on_purpose(
     assert "Traceback" not in accidental.stderr()
     first = reader(f"{topic_prefix}.a_b.c", avro=False).read(1)
     assert [m.value["after"] for m in first] == [{"id": 3}]
+
+
+@pytest.mark.slow
+def test_a_topic_kafka_refuses_for_an_existing_one_is_named(
+    db: Database, pg2sink_proc: Proc, kafka_stack: KafkaStack, topic_prefix: str
+) -> None:
+    # a_b.c's topic exists (made by an earlier run, say); this run sees only a.b_c
+    create_topic(kafka_stack.bootstrap_servers, f"{topic_prefix}.a_b.c", partitions=1)
+    conn = db.connect()
+    conn.execute("CREATE SCHEMA a")
+    conn.execute("CREATE TABLE a.b_c (id int primary key)")
+    p = start(pg2sink_proc, kafka_stack, topic_prefix, "--schema", "a", avro=False)
+    conn.execute("INSERT INTO a.b_c VALUES (1)")
+    assert p.proc is not None and p.proc.wait(60) == 2
+    last = p.stderr().strip().splitlines()[-1]
+    assert last.startswith(
+        f"pg2sink: error: Kafka topic '{topic_prefix}.a.b_c' cannot be created: it collides "
+        f"with the existing topic '{topic_prefix}.a_b.c'"
+    ), last

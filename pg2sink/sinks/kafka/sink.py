@@ -70,7 +70,7 @@ from pg2sink.sinks.kafka.formats import (
     TableFormat,
 )
 from pg2sink.sinks.kafka.health import PROBE_WAIT, BrokerHealth
-from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
+from pg2sink.sinks.kafka.topics import TopicRouter, kafka_identity, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -466,6 +466,13 @@ class KafkaSink:
         return error
 
     def _topic_unusable(self, topic: str, error: KafkaError) -> SinkError:
+        clash = self._colliding_topic(topic)
+        if clash is not None:
+            return SinkError(
+                f"Kafka topic {topic!r} cannot be created: it collides with the existing "
+                f"topic {clash!r} (Kafka treats '.' and '_' alike in topic names); route "
+                "the table elsewhere with --topic-map"
+            )
         if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return SinkError(
                 f"Kafka topic {topic!r} does not exist and the broker did not create it: "
@@ -474,6 +481,16 @@ class KafkaSink:
         if error.code() == KafkaError.LEADER_NOT_AVAILABLE:
             return SinkUnavailableError(f"Kafka topic {topic!r} has no leader yet")
         return SinkError(f"Kafka topic {topic!r} cannot be used: {error.str()}")
+
+    def _colliding_topic(self, topic: str) -> str | None:
+        """An existing topic that keeps Kafka from creating `topic` (topics.py), if any:
+        the router sees only this process's tables, the broker every topic."""
+        try:
+            names = self._producer.list_topics(timeout=METADATA_TIMEOUT).topics
+        except KafkaException:
+            return None  # the error about the topic itself stands
+        identity = kafka_identity(topic)
+        return next((n for n in names if n != topic and kafka_identity(n) == identity), None)
 
     # -- librdkafka callbacks (served by poll/flush, on this thread) -----------------
 

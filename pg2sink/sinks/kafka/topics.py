@@ -37,7 +37,7 @@ from collections.abc import Mapping
 
 from pg2sink.errors import ConfigError, SinkError
 
-__all__ = ["MAX_TOPIC_LENGTH", "TopicRouter", "escape_identifier", "topic_name"]
+__all__ = ["MAX_TOPIC_LENGTH", "TopicRouter", "escape_identifier", "kafka_identity", "topic_name"]
 
 #: Kafka's limit on a topic name's length (kafka.common.internals.Topic).
 MAX_TOPIC_LENGTH = 249
@@ -60,7 +60,7 @@ def topic_name(prefix: str, *names: str) -> str:
     return ".".join((_NOT_IN_TOPIC.sub("_", prefix), *map(escape_identifier, names)))
 
 
-def _kafka_identity(topic: str) -> str:
+def kafka_identity(topic: str) -> str:
     """What Kafka compares topics by when it refuses a colliding one ('.' and '_' alike)."""
     return topic.replace(".", "_")
 
@@ -74,7 +74,7 @@ def _check_chosen_topics(topics: list[str]) -> None:
                 f"invalid topic {topic!r}: Kafka topic names are 1 to {MAX_TOPIC_LENGTH} "
                 "characters of A-Z, a-z, 0-9, '.', '_' and '-'"
             )
-        other = identities.setdefault(_kafka_identity(topic), topic)
+        other = identities.setdefault(kafka_identity(topic), topic)
         if other != topic:
             raise ConfigError(
                 f"topics {other!r} and {topic!r} collide in Kafka, which treats '.' and '_' "
@@ -119,7 +119,7 @@ class TopicRouter:
                 f"the topic of table {table} would be {len(topic)} characters long, more "
                 f"than Kafka's {MAX_TOPIC_LENGTH}: route it with --topic-map {table}=TOPIC"
             )
-        seen = self._routed.setdefault(_kafka_identity(topic), (topic, table))
+        seen = self._routed.setdefault(kafka_identity(topic), (topic, table))
         if seen[1] != table:
             raise SinkError(
                 f"tables {seen[1]} and {table} would share a Kafka topic ({seen[0]!r} and "
