@@ -6,7 +6,8 @@ precedes the first Modification of each table and every change of its shape
 their options, Message records (--messages) have a line of their own (README
 "Records", docs/changes.md). `flush()` flushes Python's
 buffer and fsyncs a regular file before it reports a checkpoint as durable;
-pipes and terminals cannot be fsynced, so there durability ends at write(2).
+pipes, terminals and /dev/null cannot be fsynced, so there durability ends at
+write(2).
 
 Other writers may append to the same file: Spark import executors
 (pg2sink.imports.writers) do. Every writer appends through `append_lines`: whole
@@ -73,9 +74,10 @@ def _locked(fd: int) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-def _cut_torn_line(fd: int, path: str) -> int:
+def _cut_torn_line(fd: int, path: str | None) -> int:
     """Truncate a regular file after its last newline, the caller holding its lock;
-    the bytes cut (0: it ends with a whole line, or is no regular file)."""
+    the bytes cut (0: it ends with a whole line, or is no regular file). `path` names
+    it in the WARNING (None: the name /proc gives the descriptor)."""
     st = os.fstat(fd)
     size = st.st_size
     if not stat.S_ISREG(st.st_mode) or size == 0:
@@ -93,7 +95,7 @@ def _cut_torn_line(fd: int, path: str) -> int:
     log.warning(
         "--file-path %s ended in a partial line of %d bytes, left by a writer that "
         "crashed while appending it (never confirmed, so it is written again): removed it",
-        path,
+        path or os.readlink(f"/proc/self/fd/{fd}"),
         size - keep,
     )
     return size - keep
@@ -120,7 +122,7 @@ def repair_torn_line(fd: int, path: str) -> int:
         return _cut_torn_line(fd, path)
 
 
-def append_lines(fd: int, data: bytes | memoryview, path: str = "the sink file") -> None:
+def append_lines(fd: int, data: bytes | memoryview, path: str | None = None) -> None:
     """Append whole lines to `fd` (opened with O_APPEND) under the file's lock, after
     cutting a torn line a crashed writer left; all of `data` is written before the
     lock is released (see the module docstring)."""
