@@ -154,6 +154,11 @@ JSON_SINK = [*SINK, "--format", "json"]
             "needs acks=all",
         ),
         (
+            [*JSON_SINK, "--topic-map", "my.schema.t=x"],
+            "invalid --topic-map 'my.schema.t': a name with more than one unquoted dot is "
+            "ambiguous",
+        ),
+        (
             [*JSON_SINK, "--kafka-config", "transactional.id=pg2sink-1"],
             "--kafka-config transactional.id is not supported: pg2sink does not use Kafka "
             "transactions",

@@ -60,6 +60,12 @@ def test_kafka_collisions_and_overlong_names_are_refused() -> None:
         TopicRouter("p", {"public.a": "x.y", "public.b": "x_y"})
     with pytest.raises(ConfigError, match=r"invalid topic 'a b'"):
         TopicRouter("p", {}, "a b")
+    # --topic-map reads quoted names as SQL does, and never guesses between two readings
+    quoted = TopicRouter("p", {'"my.schema".t': "x", "public.Users": "u"}, "rest")
+    assert quoted.topic("my.schema", "t") == "x" and quoted.topic("my", "schema.t") == "rest"
+    assert quoted.topic("public", "Users") == "u"  # unquoted and one dot: as written
+    with pytest.raises(ConfigError, match=r"""dot: 'my\."schema\.t"' or '"my\.schema"\.t'"""):
+        TopicRouter("p", {"my.schema.t": "x"})
     # one topic for two tables, on purpose
     shared = TopicRouter("p", {"public.a": "both", "public.b": "both"})
     assert shared.topic("public", "a") == shared.topic("public", "b") == "both"

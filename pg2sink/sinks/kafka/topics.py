@@ -2,7 +2,8 @@
 
 Default: `<prefix>.<schema>.<table>`. With `--topic-map schema.table=topic` the named tables
 go where the map says; the others go to `--fallback-topic`, and without one they are an
-error naming the table: a table is never dropped silently.
+error naming the table: a table is never dropped silently. A --topic-map table with a dot
+or a quote in a name is written as SQL writes it (`"my.schema".t=topic`, _map_key).
 
 Default names are injective: two tables never share a default topic (nor, therefore,
 registry subjects, which follow the topic). Kafka topic names allow only [A-Za-z0-9._-]
@@ -36,6 +37,7 @@ import re
 from collections.abc import Mapping
 
 from pg2sink.errors import ConfigError, SinkError
+from pg2sink.publication.patterns import parse_table_name, quote_table_name
 
 __all__ = ["MAX_TOPIC_LENGTH", "TopicRouter", "escape_identifier", "kafka_identity", "topic_name"]
 
@@ -65,6 +67,19 @@ def kafka_identity(topic: str) -> str:
     return topic.replace(".", "_")
 
 
+def _map_key(table: str) -> tuple[str, str]:
+    """A --topic-map table → (schema, table).
+
+    `schema.table` without quotes is split at its dot and taken as written (capitals
+    included), as ever. With double quotes it reads as SQL does (`"my.schema".t`), and
+    a name with more dots than one must quote the part holding them: `my.schema.t` could
+    be either of two tables."""
+    if '"' in table or table.count(".") != 1:
+        return parse_table_name(table, "--topic-map")
+    schema, _, name = table.partition(".")
+    return schema, name
+
+
 def _check_chosen_topics(topics: list[str]) -> None:
     """ConfigError for a --topic-map or --fallback-topic topic Kafka cannot hold."""
     identities: dict[str, str] = {}
@@ -89,20 +104,20 @@ class TopicRouter:
         self, prefix: str, topic_map: Mapping[str, str], fallback: str | None = None
     ) -> None:
         self.prefix = prefix
-        self.topic_map = dict(topic_map)
+        self.topic_map = {_map_key(table): topic for table, topic in topic_map.items()}
         self.fallback = fallback
         _check_chosen_topics([*self.topic_map.values(), *([fallback] if fallback else [])])
         #: the tables routed so far by their topic's Kafka identity: (topic, table)
         self._routed: dict[str, tuple[str, str]] = {}
 
     def topic(self, namespace: str, name: str) -> str:
-        table = f"{namespace}.{name}"
-        mapped = self.topic_map.get(table)
+        mapped = self.topic_map.get((namespace, name))
         if mapped is not None:
             return mapped
         if self.fallback:
             return self.fallback
         if self.topic_map:
+            table = quote_table_name(namespace, name)
             raise SinkError(
                 f"table {table} has no --topic-map entry and there is no --fallback-topic: "
                 f"add --topic-map {table}=TOPIC, set --fallback-topic, or exclude the table "
@@ -113,7 +128,7 @@ class TopicRouter:
     def _default(self, namespace: str, name: str) -> str:
         """The default topic; SinkError when Kafka cannot hold it as this table's own."""
         topic = topic_name(self.prefix, namespace, name)
-        table = f"{namespace}.{name}"
+        table = quote_table_name(namespace, name)
         if len(topic) > MAX_TOPIC_LENGTH:
             raise SinkError(
                 f"the topic of table {table} would be {len(topic)} characters long, more "
