@@ -7,6 +7,7 @@ of this module's own that a test stops and starts again.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import urllib.error
@@ -17,6 +18,8 @@ from typing import Any
 import pytest
 import services
 
+from pg2sink.observability.stats import StreamStats
+from pg2sink.sinks.kafka.health import PROBE_INTERVAL, BrokerHealth
 from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for
 from tests.sinks import test_kafka
 from tests.sinks.test_kafka import Reader, create_topic, start
@@ -52,6 +55,37 @@ def poll_status(url: str, seconds: float) -> list[int]:
         seen.append(status(url)[0])
         time.sleep(0.1)
     return seen
+
+
+def test_state_changes_on_evidence_only(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    now = [0.0]
+    stats = StreamStats()
+    stats.sink_up()
+    health = BrokerHealth("b:9092", clock=lambda: now[0])
+    health.report_to(stats)
+    health.trouble("b:9092/bootstrap: Disconnected")  # e.g. an idle connection closed
+    assert health.probe_due()
+    health.reached()  # the probe answered: nothing happened
+    assert not health.probe_due() and stats.sink_healthy
+    health.trouble("b:9092/bootstrap: Connect failed: Connection refused")
+    health.probe_failed("Failed to get metadata")
+    assert not health.down and not health.probe_due()  # one failed probe is not enough
+    now[0] += PROBE_INTERVAL
+    health.trouble("1/1 brokers are down")
+    health.probe_failed("Failed to get metadata")
+    assert health.down and not stats.sink_healthy
+    assert "Connection refused" in stats.sink_reason  # the first trouble's words
+    for _ in range(10):  # librdkafka goes on reporting; probes go on failing
+        now[0] += PROBE_INTERVAL
+        health.trouble("1/1 brokers are down")
+        assert health.probe_due()
+        health.probe_failed("Failed to get metadata")
+    health.reached()  # a delivery
+    health.reached()
+    assert not health.down and stats.sink_healthy
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and UNREACHABLE in lines[0] and REACHABLE in lines[1]
 
 
 SASL = ("security.protocol=SASL_PLAINTEXT", "sasl.mechanism=PLAIN", "sasl.username=u")

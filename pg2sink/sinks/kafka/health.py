@@ -5,17 +5,18 @@ while it lasts (each reconnect attempt), and never reports a recovery. Nor is an
 producer queue a sign of recovery: with nothing to send it is empty while every broker
 is down. So the state changes only on evidence, with hysteresis:
 
-    reachable ──trouble──▶ suspect ──a metadata probe fails──▶ unreachable
-        ▲                     │                                    │
-        └── a probe answers ──┘                                    │
-        └────────── a delivery, or a metadata response ────────────┘
+    reachable ──trouble──▶ suspect ──two metadata probes fail──▶ unreachable
+        ▲                     │                                      │
+        └── a probe answers ──┘                                      │
+        └─────────── a delivery, or a metadata response ─────────────┘
 
 - trouble: error_cb's "all brokers down", a failed connection, name resolution,
   authentication or TLS handshake. A broker that closed an idle connection is
   trouble too, until the probe (which reconnects) answers: then nothing is logged.
 - probe: one metadata request (`Producer.list_topics`), at most every PROBE_INTERVAL
   seconds and waiting at most PROBE_WAIT, made from the sink's flush calls while
-  suspect or unreachable.
+  suspect or unreachable. FAILED_PROBES in a row are needed: a first one may only have
+  been slower than PROBE_WAIT to reconnect (TLS and SASL over a long link).
 - Entering and leaving "unreachable" each log one line and set the sink's outage in
   StreamStats, so GET /status answers 500 for the whole outage (pg2sink_sink_healthy 0).
 """
@@ -28,7 +29,7 @@ from collections.abc import Callable
 
 from pg2sink.observability.stats import StreamStats
 
-__all__ = ["PROBE_INTERVAL", "PROBE_WAIT", "BrokerHealth"]
+__all__ = ["FAILED_PROBES", "PROBE_INTERVAL", "PROBE_WAIT", "BrokerHealth"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ PROBE_INTERVAL = 2.0
 #: Longest wait of one probe, in seconds: it blocks the replication loop (which keeps
 #: answering PostgreSQL between probes); a slow first connection goes on meanwhile.
 PROBE_WAIT = 0.25
+#: Failed probes in a row that make Kafka unreachable (so at least PROBE_INTERVAL).
+FAILED_PROBES = 2
 
 
 class BrokerHealth:
@@ -52,6 +55,7 @@ class BrokerHealth:
         #: what the first trouble of this outage said
         self.reason = ""
         self._next_probe = 0.0
+        self._failed_probes = 0
         self._stats: StreamStats | None = None
 
     def report_to(self, stats: StreamStats) -> None:
@@ -65,17 +69,20 @@ class BrokerHealth:
             return
         self.suspect = True
         self.reason = reason
+        self._failed_probes = 0
         self._next_probe = self.clock()
 
     def probe_due(self) -> bool:
         return (self.suspect or self.down) and self.clock() >= self._next_probe
 
     def probe_failed(self, reason: str) -> None:
-        """A metadata request got no answer: Kafka is unreachable (logged once)."""
+        """A metadata request got no answer: after FAILED_PROBES in a row, Kafka is
+        unreachable (logged once)."""
         self._next_probe = self.clock() + PROBE_INTERVAL
-        self.suspect = False
-        if self.down:
+        self._failed_probes += 1
+        if self.down or self._failed_probes < FAILED_PROBES:
             return
+        self.suspect = False
         self.down = True
         self.reason = self.reason or reason
         log.warning(
@@ -90,6 +97,7 @@ class BrokerHealth:
     def reached(self) -> None:
         """A delivery or a metadata response: Kafka answers (logged once after an outage)."""
         self.suspect = False
+        self._failed_probes = 0
         if not self.down:
             self.reason = ""
             return
