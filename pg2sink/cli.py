@@ -65,13 +65,21 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _bool_env(name: str) -> bool:
-    value = os.environ.get(name, "").strip().lower()
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
     if value in ("", "0", "false", "no", "off"):
         return False
     if value in ("1", "true", "yes", "on"):
         return True
     raise ConfigError(f"{name}={value!r} is not a boolean (use true or false)")
+
+
+def _switches_from_env(args: argparse.Namespace) -> None:
+    """Switch variables to booleans, each checked whether or not the command uses it.
+    After parsing only switches still hold a _FromEnv: other options' pass their type."""
+    for name, value in vars(args).items():
+        if isinstance(value, _FromEnv):
+            setattr(args, name, _bool(value.variable, value))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -175,8 +183,11 @@ def _add(
         value: Any = split(raw) if raw else None
         kwargs["action"] = "append"
     elif kwargs.get("action") == "store_const":
-        # a switch: its variable is parsed as a boolean by _bool_env ('false' is off)
+        # a switch: its variable becomes a boolean in _switches_from_env ('false' is off)
         value = default
+        if raw is not None:
+            value = _FromEnv(raw)
+            value.variable = env
     else:
         kwargs["action"] = _Once
         kwargs["type"] = _checked(kwargs.get("type"), kwargs.get("choices"))
@@ -624,10 +635,8 @@ def _source_config(args: argparse.Namespace) -> SourceConfig:
         exclude_tables=tuple(getattr(args, "exclude_table", None) or ()),
         internal_schema=args.internal_schema,
         # `stream` options: drop and status do not have them
-        publish_via_partition_root=bool(getattr(args, "publish_via_partition_root", False))
-        or _bool_env("PG2SINK_PUBLISH_VIA_PARTITION_ROOT"),
-        allow_no_replica_identity=bool(getattr(args, "allow_no_replica_identity", False))
-        or _bool_env("PG2SINK_ALLOW_NO_REPLICA_IDENTITY"),
+        publish_via_partition_root=bool(getattr(args, "publish_via_partition_root", False)),
+        allow_no_replica_identity=bool(getattr(args, "allow_no_replica_identity", False)),
     )
 
 
@@ -645,7 +654,7 @@ def _kafka_config(args: argparse.Namespace) -> KafkaConfig:
         topic_prefix=args.topic_prefix,
         topic_map=parse_topic_map(args.topic_map or ()),
         fallback_topic=args.fallback_topic or None,
-        tombstones=bool(args.tombstones) or _bool_env("PG2SINK_TOMBSTONES"),
+        tombstones=bool(args.tombstones),
         schema_topic=args.schema_topic or None,
         message_topic=args.message_topic or None,
     )
@@ -659,10 +668,10 @@ def _kafka_config(args: argparse.Namespace) -> KafkaConfig:
 
 
 def _stream_config(args: argparse.Namespace) -> StreamConfig:
-    messages = bool(args.messages) or _bool_env("PG2SINK_MESSAGES")
+    messages = bool(args.messages)
     if args.message_prefix and not messages:
         raise ConfigError("--message-prefix filters --messages: add --messages")
-    capture_ddl = bool(args.capture_ddl) or _bool_env("PG2SINK_CAPTURE_DDL")
+    capture_ddl = bool(args.capture_ddl)
     prefixes = tuple(args.message_prefix or ())
     if capture_ddl and (prefixes or not messages):
         # the DDL messages are forwarded even without --messages (and only they, then)
@@ -672,11 +681,11 @@ def _stream_config(args: argparse.Namespace) -> StreamConfig:
         source=_source_config(args),
         sink=args.sink,
         file_path=args.file_path,
-        decode_only=bool(args.decode_only) or _bool_env("PG2SINK_DECODE_ONLY"),
+        decode_only=bool(args.decode_only),
         heartbeat_interval=args.heartbeat_interval,
         publication_poll_interval=args.publication_poll_interval,
         flush_interval=args.flush_interval,
-        retry_initial=bool(args.retry_initial) or _bool_env("PG2SINK_RETRY_INITIAL"),
+        retry_initial=bool(args.retry_initial),
         retry_interval=args.retry_interval,
         kafka=_kafka_config(args) if args.sink == "kafka" else None,
         metrics_address=args.metrics_address,
@@ -685,9 +694,9 @@ def _stream_config(args: argparse.Namespace) -> StreamConfig:
         messages=messages,
         message_prefixes=prefixes,
         capture_ddl=capture_ddl,
-        streaming=bool(args.streaming) or _bool_env("PG2SINK_STREAMING"),
+        streaming=bool(args.streaming),
         spill_dir=args.spill_dir or None,
-        imports=not (bool(args.no_imports) or _bool_env("PG2SINK_NO_IMPORTS")),
+        imports=not args.no_imports,
         import_backoff_base=args.import_backoff_base,
         import_backoff_factor=args.import_backoff_factor,
         import_backoff_max=args.import_backoff_max,
@@ -706,6 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(_normalise_argv(sys.argv[1:] if argv is None else argv))
+        _switches_from_env(args)
         logs.setup(args.log_level, args.log_format)
         if args.command == "status":
             from pg2sink import status as status_cmd

@@ -182,6 +182,11 @@ def test_status_and_drop_validate_the_environment_too() -> None:
             run_cli(command, "--source", UNREACHABLE, env={"PG2SINK_LOG_LEVEL": "loud"})
         )
         assert "invalid choice: 'loud'" in err
+    # a switch's variable too, even one this run does not use (--tombstones: Kafka only)
+    err = one_line_error(
+        run_cli("--sink=file", "--source", UNREACHABLE, env={"PG2SINK_TOMBSTONES": "maybe"})
+    )
+    assert "PG2SINK_TOMBSTONES='maybe' is not a boolean" in err
 
 
 def test_created_publication_is_logged_only_after_commit(db: Database) -> None:
