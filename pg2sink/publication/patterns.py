@@ -30,38 +30,50 @@ class TablePattern:
         return self.table.fullmatch(table) is not None
 
 
-def _split(pattern: str) -> list[str]:
-    """Convert each dot-separated part of a psql pattern to a regex."""
-    parts: list[str] = []
-    current: list[str] = []
+#: a part of a dotted name, as (character, whether it was inside double quotes) pairs
+_Part = list[tuple[str, bool]]
+
+
+def _dotted_parts(text: str) -> list[_Part] | None:
+    """`text` cut at its unquoted dots; None when a double quote is unterminated.
+    Inside double quotes `""` is one quote character (SQL and psql alike)."""
+    parts: list[_Part] = []
+    current: _Part = []
     quoted = False
     i = 0
-    while i < len(pattern):
-        c = pattern[i]
+    while i < len(text):
+        c = text[i]
         if c == '"':
-            if quoted and pattern[i + 1 : i + 2] == '"':
-                current.append(re.escape('"'))
+            if quoted and text[i + 1 : i + 2] == '"':
+                current.append(('"', True))
                 i += 1
             else:
                 quoted = not quoted
-        elif quoted:
-            current.append(re.escape(c))
-        elif c == ".":
-            parts.append("".join(current))
+        elif c == "." and not quoted:
+            parts.append(current)
             current = []
-        elif c == "*":
-            current.append(".*")
-        elif c == "?":
-            current.append(".")
-        elif c == "$":
-            current.append(re.escape(c))
         else:
-            current.append(c.lower())
+            current.append((c, quoted))
         i += 1
     if quoted:
-        raise ConfigError(f"table pattern {pattern!r} has an unterminated double quote")
-    parts.append("".join(current))
+        return None
+    parts.append(current)
     return parts
+
+
+#: what an unquoted pattern character means as a regular expression
+_WILDCARDS = {"*": ".*", "?": ".", "$": re.escape("$")}
+
+
+def _split(pattern: str) -> list[str]:
+    """Convert each dot-separated part of a psql pattern to a regex."""
+    parts = _dotted_parts(pattern)
+    if parts is None:
+        raise ConfigError(f"table pattern {pattern!r} has an unterminated double quote")
+    return [
+        "".join(re.escape(c) if quoted else _WILDCARDS.get(c, c.lower()) for c, quoted in part)
+        for part in parts
+    ]
 
 
 def compile_pattern(text: str) -> TablePattern:
@@ -131,30 +143,10 @@ def parse_table_name(text: str, flag: str = "--table") -> tuple[str, str]:
 
 
 def _identifier_parts(text: str, flag: str) -> list[str]:
-    parts: list[str] = []
-    current: list[str] = []
-    quoted = False
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c == '"':
-            if quoted and text[i + 1 : i + 2] == '"':
-                current.append('"')
-                i += 1
-            else:
-                quoted = not quoted
-        elif quoted:
-            current.append(c)
-        elif c == ".":
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(c.lower())
-        i += 1
-    if quoted:
+    parts = _dotted_parts(text)
+    if parts is None:
         raise ConfigError(f"invalid {flag} {text!r}: unterminated double quote")
-    parts.append("".join(current))
-    return parts
+    return ["".join(c if quoted else c.lower() for c, quoted in part) for part in parts]
 
 
 _PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
