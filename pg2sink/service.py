@@ -217,6 +217,7 @@ class StreamService:
                 src.internal_schema,
                 publish_via_partition_root=src.publish_via_partition_root,
                 on_change=self._membership_changed if self.imports else None,
+                allow_no_replica_identity=src.allow_no_replica_identity,
             )
             stats = self.stats
 
