@@ -185,7 +185,9 @@ def test_switches_from_the_environment_are_booleans(
     text: str, on: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PG2SINK_TOMBSTONES", text)
-    cfg = cli._stream_config(cli.build_parser().parse_args(["stream", *JSON_SINK]))
+    args = cli.build_parser().parse_args(["stream", *JSON_SINK])
+    cli._switches_from_env(args)  # as main() does after parsing
+    cfg = cli._stream_config(args)
     assert cfg.kafka is not None and cfg.kafka.tombstones is on
     assert cfg.kafka.format == "json" and cfg.kafka.topic_prefix == "pg2sink"
 
