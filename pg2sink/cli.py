@@ -624,7 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _source_config(args: argparse.Namespace) -> SourceConfig:
     dsn = SecretDsn(args.source or "")
-    _add_secret(dsn.password)
+    for secret in dsn.secrets():
+        _add_secret(secret)
     _add_secret(os.environ.get("PGPASSWORD"))
     return SourceConfig(
         dsn=dsn,

@@ -29,6 +29,10 @@ REPLICATION_SESSION_SETTINGS: dict[str, str] = {
 }
 
 
+#: libpq settings whose value is a secret: the password, and the client key's passphrase
+_SECRET_DSN_KEYS = ("password", "sslpassword")
+
+
 class SecretDsn:
     """A libpq connection string whose password never leaks through str/repr."""
 
@@ -52,10 +56,16 @@ class SecretDsn:
     def password(self) -> str | None:
         return _password_of(self._dsn)
 
-    def redacted(self) -> str:
-        """The DSN without its password, for messages and logs."""
+    def secrets(self) -> list[str]:
+        """The values that must never appear in output: password, sslpassword."""
         params = psycopg.conninfo.conninfo_to_dict(self._dsn)
-        params.pop("password", None)
+        return [str(params[k]) for k in _SECRET_DSN_KEYS if params.get(k)]
+
+    def redacted(self) -> str:
+        """The DSN without its secrets, for messages and logs."""
+        params = psycopg.conninfo.conninfo_to_dict(self._dsn)
+        for key in _SECRET_DSN_KEYS:
+            params.pop(key, None)
         return psycopg.conninfo.make_conninfo("", **params) or "(libpq environment)"
 
     def __repr__(self) -> str:

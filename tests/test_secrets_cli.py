@@ -96,6 +96,12 @@ def test_a_dsn_split_by_the_shell() -> None:
     assert "unexpected" in err
 
 
+def test_the_client_key_passphrase_is_a_secret_too() -> None:
+    """sslpassword (libpq's passphrase of sslkey) was shown by 'cannot connect' errors."""
+    err = assert_hidden("--source", f"host=127.0.0.1 port=1 connect_timeout=1 sslpassword={SECRET}")
+    assert "cannot connect to PostgreSQL" in err and "port=1" in err
+
+
 def test_the_key_of_a_bad_dsn_setting_is_named() -> None:
     err = assert_hidden("--source", f"host=127.0.0.1 port=1 nosuchkey={SECRET}")
     assert "invalid --source connection string" in err
