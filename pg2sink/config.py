@@ -43,9 +43,7 @@ class SecretDsn:
             # Parsing validates both key=value DSNs and postgresql:// URIs.
             psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as e:
-            raise ConfigError(
-                f"invalid --source connection string: {_scrub(str(e), dsn)}"
-            ) from None
+            raise ConfigError(f"invalid --source connection string: {_scrub(str(e))}") from None
         self._dsn = dsn
 
     def reveal(self) -> str:
@@ -74,8 +72,9 @@ class SecretDsn:
     __str__ = redacted
 
 
-def _scrub(message: str, dsn: str) -> str:
-    """libpq's complaint about `dsn` without any of the DSN's text but its key names.
+def _scrub(message: str) -> str:
+    """libpq's complaint about a DSN it could not parse, without the DSN's text but its
+    key names.
 
     libpq quotes what it could not parse (`missing "=" after "..."`, `invalid connection
     option "..."`, a whole URI), and what it could not parse is often a password: an
@@ -84,8 +83,6 @@ def _scrub(message: str, dsn: str) -> str:
     message = " ".join(message.split())
     keywords = _libpq_keywords()
     message = re.sub(r'"([^"]*)"', lambda m: _shown(m.group(1), keywords), message)
-    if pw := _password_of(dsn):
-        message = message.replace(pw, "***")
     message = re.sub(r"(password\s*=\s*)\S+", r"\1***", message)
     if "missing" in message and "after" in message:
         message += " (a value holding spaces goes in single quotes: password='a b')"
