@@ -18,9 +18,12 @@ subscription confirms to PostgreSQL only LSNs a sink has returned from
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pg2sink.changelog.records import Record
+
+if TYPE_CHECKING:
+    from pg2sink.observability.stats import StreamStats
 
 
 class Sink(Protocol):
@@ -45,3 +48,11 @@ class Sink(Protocol):
     def acknowledged(self) -> int | None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    """A sink that tells outages and recoveries of its server itself (Kafka): it reports
+    them to the stream's stats, which `/status` reads."""
+
+    def report_health(self, stats: StreamStats) -> None: ...

@@ -23,7 +23,7 @@ from pg2sink.logical.messages import (
 )
 from pg2sink.logical.render import render
 from pg2sink.observability.stats import StreamStats
-from pg2sink.sinks.base import Sink
+from pg2sink.sinks.base import ReportsHealth, Sink
 
 
 class ChangelogHandler:
@@ -50,9 +50,8 @@ class ChangelogHandler:
             emit_new_row=getattr(sink, "write_new_row", None),
             raw_writers=getattr(sink, "raw_row_writer", None),
         )
-        report_health = getattr(sink, "report_health", None)
-        if report_health is not None and stats is not None:
-            report_health(stats)  # a sink that knows of outages itself (Kafka): /status
+        if isinstance(sink, ReportsHealth) and stats is not None:
+            sink.report_health(stats)
         # bound once: these run per change and per commit
         self.feed = self.builder.feed
         self.checkpoint = sink.checkpoint
