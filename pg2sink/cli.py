@@ -83,6 +83,12 @@ def _switches_from_env(args: argparse.Namespace) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # no abbreviated flags: `--sou=x` would be a second spelling of `--source` to
+        # validate, and argparse's "ambiguous option" error echoes the value (a secret)
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> Any:  # one line, exit 2
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
@@ -433,8 +439,9 @@ def _add_change_options(p: argparse.ArgumentParser) -> None:
         action="store_const",
         const=True,
         help="install an event trigger (superuser) that emits each DDL statement as a "
-        "'pg2sink.ddl' message, forwarded as a Message record in commit order; without it "
-        "pg2sink removes that trigger",
+        "'pg2sink.ddl' message, forwarded as a Message record in commit order; the "
+        "instances of a database share it, and it is dropped when no slot started with "
+        "--capture-ddl is left (a start without the flag unregisters this slot)",
     )
     _add_identity_option(g)
 
@@ -573,7 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
         "drop",
         help="drop the replication slot, the publication and the DDL trigger, then exit",
         description="Drop the replication slot and the publication pg2sink uses, and the "
-        "--capture-ddl event trigger when it exists, then exit. "
+        "--capture-ddl event trigger when no other slot uses it, then exit. A slot of "
+        "another database than --source's is refused. "
         "Unconfirmed changes in the slot are lost for pg2sink.",
     )
     _add_source_options(drop)

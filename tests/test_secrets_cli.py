@@ -107,3 +107,13 @@ def test_the_key_of_a_bad_dsn_setting_is_named() -> None:
     assert "invalid --source connection string" in err
     err = assert_hidden("--source", f"host=127.0.0.1 port=1 password=ab {SECRET}")
     assert "single quotes" in err
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [f"--sou=host=x password={SECRET}", f"--kafka-conf=sasl.password={SECRET}", f"--s={SECRET}"],
+)
+def test_abbreviated_flags_are_refused_without_their_value(arg: str) -> None:
+    """argparse's abbreviations are off: `--s=VALUE` (ambiguous) echoed VALUE in its error."""
+    err = assert_hidden(arg)
+    assert "unrecognized arguments" in err
