@@ -33,6 +33,7 @@ from pg2sink.errors import (
 from pg2sink.imports import jobs
 from pg2sink.imports.engine import ImportEngine
 from pg2sink.imports.gate import ImportGate
+from pg2sink.imports.jdbc import connection_properties
 from pg2sink.imports.migrate import apply_migrations, set_capture_ddl
 from pg2sink.observability.http import Server, start_http_server
 from pg2sink.observability.position import server_position
@@ -202,6 +203,11 @@ class StreamService:
             conn = connect(src.dsn)
             stack.callback(conn.close)
             check_server(conn)
+            if self.imports and not self.started:
+                # A connection setting the JDBC readers cannot honour (a CRL, a key pgjdbc
+                # cannot read...) stops the start before the slot and the publication
+                # exist: every import would fail and retry forever.
+                connection_properties(conn.info)
             if not self.cfg.decode_only and not self.started:
                 apply_migrations(src.dsn, src.internal_schema)
                 set_capture_ddl(

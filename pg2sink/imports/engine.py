@@ -38,7 +38,6 @@ from pg2sink.config import StreamConfig
 from pg2sink.errors import ImportFailed, Pg2SinkError
 from pg2sink.imports import jobs
 from pg2sink.imports.gate import ImportGate
-from pg2sink.imports.jdbc import connection_properties
 from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot, wait_for_transactions
 from pg2sink.observability.stats import ImportProgress, StreamStats
 
@@ -132,10 +131,6 @@ class ImportEngine:
         self._runner: Any = None
         self._progress = _Progress()
         self._warned_stdout = False
-        # A connection setting the JDBC readers cannot honour (a CRL, a key pgjdbc cannot
-        # read...) stops the start: every job would fail and retry forever.
-        with connect(self.src.dsn, application_name="pg2sink import") as conn:
-            connection_properties(conn.info)
 
     # -- lifecycle ----------------------------------------------------------------
 

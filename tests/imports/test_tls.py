@@ -173,6 +173,14 @@ def test_a_setting_imports_cannot_honour_stops_the_start(
     assert SECRET not in r.stderr + r.stdout
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("pg2sink: error: imports cannot honour") and named in last, last
+    # refused before anything was made: no slot, no publication left behind
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        made = conn.execute(
+            "SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s)"
+            " + (SELECT count(*) FROM pg_publication WHERE pubname = 'tls_pub')",
+            (f"slot_{name}",),
+        ).fetchone()
+    assert made == (0,)
 
 
 def test_which_keys_pgjdbc_reads_as_libpq_does(tmp_path: Path) -> None:
