@@ -257,36 +257,46 @@ def _array_value(row: int, typ: str, values: list[str]) -> sql.Composable | None
     return None
 
 
+def create_fidelity_table(conn: psycopg.Connection[Any]) -> None:
+    """The table fidelity: a column per case and one per array of its type (and id)."""
+    defs: list[sql.Composable] = [sql.SQL("id int PRIMARY KEY")]
+    for case, typ, _ in CASES:
+        defs.append(sql.SQL("{} " + typ).format(sql.Identifier(scalar_column(case))))
+        defs.append(sql.SQL("{} " + typ + "[]").format(sql.Identifier(array_column(case))))
+    conn.execute(sql.SQL("CREATE TABLE fidelity ({})").format(sql.SQL(", ").join(defs)))
+
+
+def insert_fidelity_rows(conn: psycopg.Connection[Any]) -> None:
+    """The rows of table fidelity (row_count() INSERTs), in the caller's transaction."""
+    for row in range(row_count()):
+        names: list[sql.Composable] = [sql.Identifier("id")]
+        exprs: list[sql.Composable] = [sql.Literal(row)]
+        for case, typ, values in CASES:
+            if row < len(values):
+                names.append(sql.Identifier(scalar_column(case)))
+                exprs.append(sql.SQL("({})::" + typ).format(sql.SQL(values[row])))
+            array = _array_value(row, typ, values)
+            if array is not None:
+                names.append(sql.Identifier(array_column(case)))
+                exprs.append(array)
+        conn.execute(
+            sql.SQL("INSERT INTO fidelity ({}) VALUES ({})").format(
+                sql.SQL(", ").join(names), sql.SQL(", ").join(exprs)
+            )
+        )
+
+
 def create_and_fill(conn: psycopg.Connection[Any], insert: bool) -> None:
     """The schema (always), then the rows (when `insert`: after pg2sink streams)."""
     if not insert:
         for statement in SETUP:
             conn.execute(sql.SQL(statement))
-        defs: list[sql.Composable] = [sql.SQL("id int PRIMARY KEY")]
-        for case, typ, _ in CASES:
-            defs.append(sql.SQL("{} " + typ).format(sql.Identifier(scalar_column(case))))
-            defs.append(sql.SQL("{} " + typ + "[]").format(sql.Identifier(array_column(case))))
-        conn.execute(sql.SQL("CREATE TABLE fidelity ({})").format(sql.SQL(", ").join(defs)))
+        create_fidelity_table(conn)
         # FULL: the UPDATE below carries whole before images, checked like the after images
         conn.execute("ALTER TABLE fidelity REPLICA IDENTITY FULL")
         return
     with conn.transaction():
-        for row in range(row_count()):
-            names: list[sql.Composable] = [sql.Identifier("id")]
-            exprs: list[sql.Composable] = [sql.Literal(row)]
-            for case, typ, values in CASES:
-                if row < len(values):
-                    names.append(sql.Identifier(scalar_column(case)))
-                    exprs.append(sql.SQL("({})::" + typ).format(sql.SQL(values[row])))
-                array = _array_value(row, typ, values)
-                if array is not None:
-                    names.append(sql.Identifier(array_column(case)))
-                    exprs.append(array)
-            conn.execute(
-                sql.SQL("INSERT INTO fidelity ({}) VALUES ({})").format(
-                    sql.SQL(", ").join(names), sql.SQL(", ").join(exprs)
-                )
-            )
+        insert_fidelity_rows(conn)
         conn.execute(
             "INSERT INTO toasty SELECT 1, string_agg(md5(i::text), ''), 1"
             " FROM generate_series(1, 3000) i"

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from tests.test_type_fidelity import CASES, SETUP, _array_value, array_column, row_count
+from tests.test_type_fidelity import SETUP, create_fidelity_table, insert_fidelity_rows
 
 #: the prefix of the workload's logical decoding messages (pg2sink --messages)
 MESSAGE_PREFIX = "golden"
@@ -68,7 +68,7 @@ SCHEMA: list[str] = [
 ]
 
 CHANGES: list[str] = [
-    # 1. fidelity: the INSERTs are made by fidelity_inserts(), before these
+    # 1. fidelity: its INSERTs come first (insert_fidelity_rows)
     "UPDATE fidelity SET id = 100 WHERE id = 0",
     "DELETE FROM fidelity WHERE id = 1",
     "ALTER TABLE fidelity REPLICA IDENTITY FULL",
@@ -99,41 +99,17 @@ TABLES = ("fidelity", "native", "toasty", "nokey")
 
 
 def create_schema(conn: psycopg.Connection[Any]) -> None:
-    """Types and tables, before streaming starts; fidelity is the zoo's table."""
+    """Types and tables, before streaming starts."""
     for statement in SCHEMA:
         conn.execute(sql.SQL(statement))
-    defs: list[sql.Composable] = [sql.SQL("id int PRIMARY KEY")]
-    for case, typ, _ in CASES:
-        defs.append(sql.SQL("{} " + typ).format(sql.Identifier(f"c_{case}")))
-        defs.append(sql.SQL("{} " + typ + "[]").format(sql.Identifier(array_column(case))))
-    conn.execute(sql.SQL("CREATE TABLE fidelity ({})").format(sql.SQL(", ").join(defs)))
-
-
-def fidelity_inserts(conn: psycopg.Connection[Any]) -> None:
-    """The zoo's rows in one transaction (as test_type_fidelity.create_and_fill)."""
-    with conn.transaction():
-        for row in range(row_count()):
-            names: list[sql.Composable] = [sql.Identifier("id")]
-            exprs: list[sql.Composable] = [sql.Literal(row)]
-            for case, typ, values in CASES:
-                if row < len(values):
-                    names.append(sql.Identifier(f"c_{case}"))
-                    exprs.append(sql.SQL("({})::" + typ).format(sql.SQL(values[row])))
-                array = _array_value(row, typ, values)
-                if array is not None:
-                    names.append(sql.Identifier(array_column(case)))
-                    exprs.append(array)
-            conn.execute(
-                sql.SQL("INSERT INTO fidelity ({}) VALUES ({})").format(
-                    sql.SQL(", ").join(names), sql.SQL(", ").join(exprs)
-                )
-            )
+    create_fidelity_table(conn)
 
 
 def run_changes(conn: psycopg.Connection[Any], end_marker: bool = False) -> None:
     """Every change of the workload, in order; with `end_marker`, then a message that
     tells a capture the workload is over."""
-    fidelity_inserts(conn)
+    with conn.transaction():
+        insert_fidelity_rows(conn)
     for statement in CHANGES:
         conn.execute(sql.SQL(statement))
     if end_marker:
