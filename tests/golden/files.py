@@ -4,11 +4,15 @@ Input (captured once from a real PostgreSQL by `python -m tests.golden.capture`)
   data/frames.bin     the XLogData CopyData messages of the workload, as the walsender
                       sent them (keepalives left out): each a 4-byte big-endian length and
                       the message
+  data/frames_streamed.bin   the same from a --streaming session (protocol 2, the
+                      first transaction sent while it ran): the output must be the same
   data/catalog.json   what the changelog asked pg_catalog while the frames were replayed
                       against the live server: types by oid, primary keys and partition
                       flags by relation oid (CatalogLookup answers)
 Output (what pg2sink made of that input, byte for byte):
   data/file.jsonl         the file sink's output
+  data/file.streamed.jsonl   the same from frames_streamed.bin (test_replay.STREAMED);
+                          the other outputs are the same in both modes
   data/kafka_avro.jsonl   the Kafka sink's messages in Avro (--tombstones): per message a
                           JSON line {topic, key, value, headers}, key and value in hex
   data/kafka_avro.registry.json   the schemas it registered: [{id, subject, schema}], ids
@@ -39,6 +43,7 @@ from pg2sink.catalog.types import PgType
 
 DATA = Path(__file__).resolve().parent / "data"
 FRAMES = DATA / "frames.bin"
+FRAMES_STREAMED = DATA / "frames_streamed.bin"
 CATALOG = DATA / "catalog.json"
 
 REGENERATE_VARIABLE = "PG2SINK_REGENERATE_GOLDEN"
@@ -54,7 +59,7 @@ def write_frames(path: Path, frames: Iterable[bytes]) -> None:
     path.write_bytes(b"".join(_LENGTH.pack(len(f)) + f for f in frames))
 
 
-def read_frames(path: Path = FRAMES) -> list[bytes]:
+def read_frames(path: Path) -> list[bytes]:
     """The frames write_frames wrote, in order."""
     data = path.read_bytes()
     frames, pos = [], 0

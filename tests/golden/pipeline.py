@@ -7,7 +7,8 @@ stay what they are.
 
 - `replay`: every XLogData frame's pgoutput message into the ChangelogHandler (as the
   replication loop hands them: payload and the frame's WAL start; a checkpoint at each
-  Commit), with --messages on, then a flush and close.
+  Commit), with --messages on, then a flush and close; the frames of a --streaming
+  session through the StreamingHandler in front of it.
 - `file_output`: the file sink's bytes.
 - `kafka_output`: the Kafka sink's messages as its producer was handed them, taken by a
   recording stand-in for confluent-kafka's Producer (no broker: delivery is not what
@@ -38,6 +39,7 @@ from pg2sink.sinks.kafka import KafkaSink
 from pg2sink.sinks.kafka import sink as kafka_sink_module
 from pg2sink.sinks.kafka.formats import AvroFormat
 from pg2sink.subscription.handlers import ChangelogHandler
+from pg2sink.subscription.streaming import StreamingHandler
 from tests.golden.files import KafkaMessage, kafka_lines, registry_json
 
 #: the topic prefix of the replayed Kafka output (a live run's differs: normalize.py)
@@ -47,26 +49,40 @@ IMPL_VARIABLE = "PG2SINK_IMPL"
 IMPLEMENTATIONS = ("python", "c")
 
 
-def replay(frames: Sequence[bytes], catalog: CatalogLookup, sink: Sink) -> None:
-    """Feed `frames` (XLogData) through the changelog into `sink` (opened), then close."""
-    handler = ChangelogHandler(catalog, sink, messages=True)
-    for frame in frames:
-        _tag, wal_start, _wal_end, _sent = XLOG_DATA_HEADER.unpack_from(frame)
-        # a memoryview, as libpq hands frames to the replication loop
-        end_lsn = handler.feed(memoryview(frame)[XLOG_DATA_HEADER.size :], wal_start)
-        if end_lsn:
-            handler.checkpoint(end_lsn)
-    handler.flush()
-    handler.close()
+@dataclass(frozen=True)
+class Input:
+    """Captured frames and the catalog answers they need."""
+
+    frames: Sequence[bytes]
+    catalog: CatalogLookup
+    streamed: bool = False
+    """Frames of a --streaming session (protocol 2, transactions sent while they run)."""
 
 
-def file_output(frames: Sequence[bytes], catalog: CatalogLookup) -> bytes:
-    """What `pg2sink --sink file --messages` writes for `frames`."""
+def replay(source: Input, sink: Sink) -> None:
+    """Feed the frames (XLogData) through the changelog into `sink` (opened), then close.
+
+    Streamed frames go through the StreamingHandler first, as with --streaming."""
+    changelog = ChangelogHandler(source.catalog, sink, messages=True)
+    with tempfile.TemporaryDirectory(prefix="pg2sink-golden-spill-") as spill_dir:
+        handler = StreamingHandler(changelog, spill_dir) if source.streamed else changelog
+        for frame in source.frames:
+            _tag, wal_start, _wal_end, _sent = XLOG_DATA_HEADER.unpack_from(frame)
+            # a memoryview, as libpq hands frames to the replication loop
+            end_lsn = handler.feed(memoryview(frame)[XLOG_DATA_HEADER.size :], wal_start)
+            if end_lsn:
+                handler.checkpoint(end_lsn)
+        handler.flush()
+        handler.close()
+
+
+def file_output(source: Input) -> bytes:
+    """What `pg2sink --sink file --messages` writes for the input."""
     with tempfile.TemporaryDirectory(prefix="pg2sink-golden-") as tmp:
         path = Path(tmp) / "out.jsonl"
         sink = FileSink(str(path))
         sink.open()
-        replay(frames, catalog, sink)
+        replay(source, sink)
         return path.read_bytes()
 
 
@@ -147,11 +163,9 @@ class KafkaOutput:
     """(id, subject, schema) of each schema registered (Avro only)."""
 
 
-def kafka_output(
-    frames: Sequence[bytes], catalog: CatalogLookup, fmt: str, *extra: str
-) -> KafkaOutput:
-    """What `pg2sink --sink kafka --format FMT --messages` produces for `frames`; `extra`:
-    'tombstones'."""
+def kafka_output(source: Input, fmt: str, *extra: str) -> KafkaOutput:
+    """What `pg2sink --sink kafka --format FMT --messages` produces for the input;
+    `extra`: 'tombstones'."""
     cfg = KafkaConfig(
         "golden:9092", format=fmt, topic_prefix=TOPIC_PREFIX, tombstones="tombstones" in extra
     )
@@ -162,7 +176,7 @@ def kafka_output(
     ):
         sink = KafkaSink(cfg, AvroFormat(registry) if fmt == "avro" else None)
         sink.open()
-        replay(frames, catalog, sink)
+        replay(source, sink)
     return KafkaOutput(messages, registry.registered)
 
 
@@ -200,22 +214,28 @@ def implementation(impl: str) -> Iterator[NativeUse]:
         yield use
 
 
-def _avro_messages(frames: Sequence[bytes], catalog: CatalogLookup) -> bytes:
-    return kafka_lines(kafka_output(frames, catalog, "avro", "tombstones").messages, text=False)
+def _avro_messages(source: Input) -> bytes:
+    return kafka_lines(kafka_output(source, "avro", "tombstones").messages, text=False)
 
 
-def _avro_registry(frames: Sequence[bytes], catalog: CatalogLookup) -> bytes:
-    return registry_json(kafka_output(frames, catalog, "avro", "tombstones").registered)
+def _avro_registry(source: Input) -> bytes:
+    return registry_json(kafka_output(source, "avro", "tombstones").registered)
 
 
-def _json_messages(frames: Sequence[bytes], catalog: CatalogLookup) -> bytes:
-    return kafka_lines(kafka_output(frames, catalog, "json").messages, text=True)
+def _json_messages(source: Input) -> bytes:
+    return kafka_lines(kafka_output(source, "json").messages, text=True)
 
 
 #: each golden output file (files.py) and how it is made from the input
-OUTPUTS: Mapping[str, Callable[[Sequence[bytes], CatalogLookup], bytes]] = {
+OUTPUTS: Mapping[str, Callable[[Input], bytes]] = {
     "file.jsonl": file_output,
     "kafka_avro.jsonl": _avro_messages,
     "kafka_avro.registry.json": _avro_registry,
     "kafka_json.jsonl": _json_messages,
 }
+
+#: the golden file of an output under --streaming (frames_streamed.bin), where it is not
+#: the same: a Schema record sent inside a streamed transaction carries the LSN the
+#: StreamingHandler gives the replayed transaction's Begin (its first Stream Start's),
+#: not that of the first change sent
+STREAMED = {"file.jsonl": "file.streamed.jsonl"}

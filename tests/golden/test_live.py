@@ -16,17 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from tests.conftest import Database, KafkaStack, pg2sink_for, wait_for
 from tests.golden import workload
 from tests.golden.files import DATA, KafkaMessage, parse_kafka_lines, schemas_by_id
 from tests.golden.normalize import json_lines, kafka_messages
-from tests.golden.pipeline import TOPIC_PREFIX
+from tests.golden.pipeline import STREAMED, TOPIC_PREFIX
 from tests.sinks.test_kafka import Reader, kafka_args, registry_get
 from tests.support import FAST
 
 #: how long the workload's records may take to arrive, in seconds
 ARRIVAL_WAIT = 60.0
+#: the workload's table that the capture did not publish
+EXCLUDE = ("--exclude-table", workload.UNPUBLISHED)
 
 
 def assert_same(got: Sequence[Any], golden: Sequence[Any], what: str) -> None:
@@ -36,12 +39,26 @@ def assert_same(got: Sequence[Any], golden: Sequence[Any], what: str) -> None:
     assert len(got) == len(golden), f"{what}: {len(got)} records live, {len(golden)} golden"
 
 
-def test_file_sink_live_matches_the_golden_file(db: Database, tmp_path: Path) -> None:
-    golden = (DATA / "file.jsonl").read_bytes()
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+def test_file_sink_live_matches_the_golden_file(
+    db: Database, tmp_path: Path, streamed: bool
+) -> None:
+    name = STREAMED["file.jsonl"] if streamed else "file.jsonl"
+    golden = (DATA / name).read_bytes()
     out = tmp_path / "out.jsonl"
     conn = db.connect()
     workload.create_schema(conn)
-    p = pg2sink_for(db, tmp_path, "--file-path", str(out), "--messages", *FAST).start()
+    extra = ["--file-path", str(out), "--messages", *FAST]
+    if streamed:
+        # the walsender takes it from the database's settings: the first transaction is
+        # streamed while it runs, as in the capture
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET logical_decoding_work_mem = {}").format(
+                sql.Identifier(db.name), sql.Literal(workload.STREAMED_SIZE)
+            )
+        )
+        extra += ["--streaming", "--spill-dir", str(tmp_path / "spill")]
+    p = pg2sink_for(db, tmp_path, *extra, *EXCLUDE).start()
     try:
         p.wait_streaming()
         workload.run_changes(conn)
@@ -68,7 +85,8 @@ def test_kafka_sink_live_matches_the_golden_file(
     extra = ["--messages", "--tombstones"] if avro else ["--messages"]
     conn = db.connect()
     workload.create_schema(conn)
-    p = pg2sink_for(db, tmp_path, *kafka_args(kafka_stack, topic_prefix, *extra, avro=avro))
+    args = kafka_args(kafka_stack, topic_prefix, *extra, *EXCLUDE, avro=avro)
+    p = pg2sink_for(db, tmp_path, *args)
     registry = kafka_stack.registry_url if avro else None
     # Message records are JSON in either format: read without the registry
     readers = [

@@ -5,7 +5,8 @@ each string one transaction (autocommit), so the records come in this order:
 
 1. fidelity (the type zoo of tests/test_type_fidelity.py: a column per built-in type
    and one per array of it, REPLICA IDENTITY DEFAULT): its seven rows in one INSERT
-   transaction (every column NULL where the zoo has no value for the row); an UPDATE
+   transaction (every column NULL where the zoo has no value for the row), after a
+   rolled-back savepoint large enough to be streamed (--streaming); an UPDATE
    that changes the key (old key tuple 'K'); a DELETE (old key); then, under REPLICA
    IDENTITY FULL (a Relation again, the same Schema), an UPDATE with whole before images.
 2. native: the types the C Avro encoder writes (changelog/_avro_native.c), with values
@@ -65,6 +66,8 @@ SCHEMA: list[str] = [
     "CREATE TABLE nokey (label text, big text, n int)",
     "ALTER TABLE nokey ALTER big SET STORAGE EXTERNAL",
     "ALTER TABLE nokey REPLICA IDENTITY FULL",
+    # never published: its rows only make the first transaction large (STREAMED_SIZE)
+    "CREATE TABLE scratch (n int)",
 ]
 
 CHANGES: list[str] = [
@@ -94,8 +97,12 @@ CHANGES: list[str] = [
     "TRUNCATE toasty, nokey RESTART IDENTITY CASCADE",
 ]
 
-#: the tables pg2sink streams (all of the workload's)
+#: the tables pg2sink streams (all of the workload's but scratch)
 TABLES = ("fidelity", "native", "toasty", "nokey")
+#: the table that is not published (pg2sink: -T)
+UNPUBLISHED = "public.scratch"
+#: logical_decoding_work_mem under which the first transaction is streamed (the minimum)
+STREAMED_SIZE = "64kB"
 
 
 def create_schema(conn: psycopg.Connection[Any]) -> None:
@@ -109,6 +116,12 @@ def run_changes(conn: psycopg.Connection[Any], end_marker: bool = False) -> None
     """Every change of the workload, in order; with `end_marker`, then a message that
     tells a capture the workload is over."""
     with conn.transaction():
+        # a subtransaction that outgrows logical_decoding_work_mem (STREAMED_SIZE), so a
+        # server asked to stream (--streaming) sends it while it runs, then aborts it
+        conn.execute("SAVEPOINT streamed")
+        conn.execute("INSERT INTO fidelity (id) VALUES (99)")
+        conn.execute("INSERT INTO scratch SELECT generate_series(1, 1000)")
+        conn.execute("ROLLBACK TO SAVEPOINT streamed")
         insert_fidelity_rows(conn)
     for statement in CHANGES:
         conn.execute(sql.SQL(statement))
