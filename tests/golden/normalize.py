@@ -56,7 +56,12 @@ def json_record(data: bytes) -> dict[str, Any]:
 def ranked(items: Any) -> Any:
     """`items` with every Volatile replaced by ('<field>', rank), a time by a mark."""
     values: dict[str, set[tuple[int, str]]] = {}
-    _walk(items, lambda v: values.setdefault(v.field, set()).add(_sort_key(v.value)))
+
+    def collect(v: Volatile) -> Volatile:
+        values.setdefault(v.field, set()).add(_sort_key(v.value))
+        return v
+
+    _replace(items, collect)
     ranks = {f: {v: i for i, v in enumerate(sorted(vs))} for f, vs in values.items()}
 
     def new(v: Volatile) -> object:
@@ -71,17 +76,6 @@ def _sort_key(value: object) -> tuple[int, str]:
     """LSNs and xids compare as numbers, whether from JSON, Avro or a header's text."""
     text = str(value)
     return len(text), text
-
-
-def _walk(item: Any, visit: Callable[[Volatile], None]) -> None:
-    if isinstance(item, Volatile):
-        visit(item)
-    elif isinstance(item, dict):
-        for v in item.values():
-            _walk(v, visit)
-    elif isinstance(item, list | tuple):
-        for v in item:
-            _walk(v, visit)
 
 
 def _replace(item: Any, new: Callable[[Volatile], object]) -> Any:
