@@ -20,6 +20,7 @@ from pg2sink.errors import SinkError
 from pg2sink.imports.writers import append_lines
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.file import FileSink, record_line
+from tests.conftest import wait_for
 
 T = datetime(2026, 11, 21, 2, 40, 21, 811015, tzinfo=UTC)
 SCHEMA = Schema(T, 100, "public", "t", {"type": "record", "name": "value", "fields": []})
@@ -271,6 +272,12 @@ sink.close()
 """
 
 
+def _ends_whole(path: Path) -> bool:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return size > 0 and os.pread(f.fileno(), 1, size - 1) == b"\n"
+
+
 def _python(code: str, *args: str, stderr: int | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code, *args], stderr=stderr)
 
@@ -302,6 +309,9 @@ def test_a_writer_killed_inside_its_write_leaves_no_torn_line(tmp_path: Path) ->
     try:
         for _ in range(3):
             _kill_inside_a_big_write(path, _python(BIG_WRITER, str(path)))
+        # the small writer's next append cuts the last torn line: only then may it stop
+        # (else it may see the stop file first and leave the repair to the next writer)
+        wait_for(lambda: _ends_whole(path), 30, "the small writer to cut the torn line")
         stop.touch()
         _, err = small.communicate(timeout=60)
     finally:
