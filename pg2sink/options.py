@@ -152,6 +152,7 @@ class Option:
 
     @property
     def switch(self) -> bool:
+        """A bool field is an on/off option taking no value."""
         return isinstance(self.field.default, bool)
 
     @property
@@ -208,6 +209,7 @@ class _FromEnv(str):
 
 
 def _from_env(variable: str) -> _FromEnv | None:
+    """The variable's text, marked with its name for errors; None when unset."""
     raw = os.environ.get(variable)
     if raw is None:
         return None
@@ -242,6 +244,7 @@ def _checked(opt: Option) -> Callable[[str], Any]:
 
 
 def _shown_default(opt: Option) -> str:
+    """' (default: X)' for `--help`, in the form the option takes; '' for no value."""
     default = opt.field.default
     if opt.switch or default in (None, "", (), dataclasses.MISSING):
         return ""
@@ -284,6 +287,7 @@ def add_options(
 
 
 def _bool(name: str, raw: str) -> bool:
+    """A switch variable's text as a boolean; ConfigError naming `name` for other text."""
     value = raw.strip().lower()
     if value in ("", "0", "false", "no", "off"):
         return False
