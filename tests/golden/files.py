@@ -13,15 +13,21 @@ Output (what pg2sink made of that input, byte for byte):
   data/file.jsonl         the file sink's output
   data/file.streamed.jsonl   the same from frames_streamed.bin (test_replay.STREAMED);
                           the other outputs are the same in both modes
-  data/kafka_avro.jsonl   the Kafka sink's messages in Avro (--tombstones): per message a
-                          JSON line {topic, key, value, headers}, key and value in hex
+  data/kafka_avro.jsonl   the Kafka sink's messages in Avro (--tombstones), as read back
+                          from the broker: per message a JSON line {topic, key, value,
+                          headers}, key and value in hex; grouped by topic (in name
+                          order), each topic's in its partition's order; topic prefix
+                          `golden`, schema ids those of the registry file
   data/kafka_avro.registry.json   the schemas it registered: [{id, subject, schema}], ids
-                          1, 2... in order of registration (a fresh registry's)
-  data/kafka_json.jsonl   the Kafka sink's messages in --format json, key and value as text
+                          1, 2... in order of registration (a fresh registry's; a run's
+                          real ids are mapped to these: pipeline.py)
+  data/kafka_json.jsonl   the Kafka sink's messages in --format json, key and value as
+                          text, in the same order
 
 Regenerating (after a change of the record bytes that is intended, and reviewed):
     PG2SINK_REGENERATE_GOLDEN=1 .venv/bin/pytest tests/golden/test_replay.py
-rewrites the output files from the committed input, then fails on purpose, naming the
+rewrites the output files from the committed input (the Kafka ones through the session's
+broker and registry: tests/conftest.py's kafka_stack), then fails on purpose, naming the
 files, so that a regeneration is never mistaken for a pass; `git diff tests/golden/data`
 shows what changed. It is refused where the CI variable is set.
 """

@@ -1,4 +1,4 @@
-"""Captured frames through pg2sink's real row pipeline, with no server: the adapter.
+"""Captured frames through pg2sink's real row pipeline into real sinks: the adapter.
 
 This is the one module of tests/golden that names pg2sink's internals (the changelog
 handler, the sinks' classes, the switch between the C and the Python Avro encoders). A
@@ -10,10 +10,11 @@ stay what they are.
   Commit), with --messages on, then a flush and close; the frames of a --streaming
   session through the StreamingHandler in front of it.
 - `file_output`: the file sink's bytes.
-- `kafka_output`: the Kafka sink's messages as its producer was handed them, taken by a
-  recording stand-in for confluent-kafka's Producer (no broker: delivery is not what
-  this test is about; tests/golden/test_live.py runs a real one), with a registry that
-  hands out ids 1, 2... like a fresh one.
+- `kafka_output`: the Kafka sink's messages, sent to the session's real broker and
+  registry and read back from them (broker.py), put in the golden files' form: the
+  topic prefix TOPIC_PREFIX, and in Confluent's framing the golden schema id (1, 2... in
+  order of registration) for the registry's, once the registry was found to hold
+  exactly the schemas registered; magic byte and Avro body untouched.
 - `implementation`: the C encoder or the Python path, and a count of the tables the C
   encoder took, so that a run can tell which one it tested.
 """
@@ -33,14 +34,17 @@ from pg2sink.catalog.catalog import CatalogLookup
 from pg2sink.changelog import avro_native
 from pg2sink.config import KafkaConfig
 from pg2sink.logical.replication import XLOG_DATA_HEADER
+from pg2sink.registry import RegistryClient, SchemaRegistry, key_subject, value_subject
 from pg2sink.sinks.base import Sink
 from pg2sink.sinks.file import FileSink
 from pg2sink.sinks.kafka import KafkaSink
-from pg2sink.sinks.kafka import sink as kafka_sink_module
 from pg2sink.sinks.kafka.formats import AvroFormat
 from pg2sink.subscription.handlers import ChangelogHandler
 from pg2sink.subscription.streaming import StreamingHandler
+from tests.conftest import KafkaStack
+from tests.golden.broker import read_topics, registered
 from tests.golden.files import KafkaMessage, kafka_lines, registry_json
+from tests.golden.normalize import canonical
 
 #: the topic prefix of the replayed Kafka output (a live run's differs: normalize.py)
 TOPIC_PREFIX = "golden"
@@ -86,98 +90,117 @@ def file_output(source: Input) -> bytes:
         return path.read_bytes()
 
 
-class FixedIdRegistry:
-    """SchemaRegistry giving ids 1, 2... per distinct (subject, schema), as a fresh
-    registry would; keeps what was registered for the golden file."""
+@dataclass(frozen=True)
+class Broker:
+    """Where a Kafka output goes: the session's real Kafka broker and schema registry,
+    under a topic prefix (and so subjects) no other test uses."""
 
-    def __init__(self) -> None:
+    stack: KafkaStack
+    topic_prefix: str
+
+
+class LoggedRegistry:
+    """The real registry client, noting in order what the sink registered through it:
+    the golden files number schemas 1, 2... in order of registration, which the registry
+    cannot tell afterwards (an id there is shared by every subject holding the schema)."""
+
+    def __init__(self, client: SchemaRegistry) -> None:
+        self.client = client
         self.registered: list[tuple[int, str, Mapping[str, Any]]] = []
 
     def register(self, subject: str, schema: Mapping[str, Any]) -> int:
-        for schema_id, s, known in self.registered:
-            if s == subject and known == schema:
-                return schema_id
-        schema_id = len(self.registered) + 1
-        self.registered.append((schema_id, subject, schema))
+        schema_id = self.client.register(subject, schema)
+        if (schema_id, subject, schema) not in self.registered:
+            self.registered.append((schema_id, subject, schema))
         return schema_id
 
     def close(self) -> None:
-        pass
-
-
-@dataclass
-class _Metadata:
-    """list_topics()'s answer: every topic exists, with one partition."""
-
-    topics: dict[str, Any]
-
-
-@dataclass
-class _TopicMetadata:
-    error: None = None
-    partitions: Mapping[int, object] | None = None
-
-
-class RecordingProducer:
-    """What the Kafka sink uses of confluent_kafka.Producer; keeps each produced message
-    and delivers at once (nothing is ever queued)."""
-
-    def __init__(self, settings: Mapping[str, Any], into: list[KafkaMessage]) -> None:
-        self.settings = settings
-        self.messages = into
-
-    def produce(
-        self,
-        topic: str,
-        value: bytes | None = None,
-        key: bytes | None = None,
-        partition: int = -1,
-        on_delivery: object = None,
-        alias: object = None,
-        timestamp: int = 0,
-        headers: Sequence[tuple[str, bytes]] | None = None,
-    ) -> None:
-        self.messages.append(KafkaMessage(topic, key, value, tuple(headers or ())))
-
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
-        names = [topic] if topic else sorted({m.topic for m in self.messages})
-        return _Metadata({n: _TopicMetadata(partitions={0: object()}) for n in names})
-
-    def poll(self, timeout: float = 0) -> int:
-        return 0
-
-    def flush(self, timeout: float = 0) -> int:
-        return 0
-
-    def purge(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("a replay has no failed delivery to purge after")
-
-    def __len__(self) -> int:
-        return 0
+        self.client.close()
 
 
 @dataclass
 class KafkaOutput:
     messages: list[KafkaMessage]
+    """As read back from the broker, in the golden files' form: the topic prefix
+    TOPIC_PREFIX, each schema id in a key or value the golden one (`registered`)."""
     registered: list[tuple[int, str, Mapping[str, Any]]]
-    """(id, subject, schema) of each schema registered (Avro only)."""
+    """(golden id, subject, schema as the registry answers it) of each schema registered,
+    in order of registration (Avro only)."""
 
 
-def kafka_output(source: Input, fmt: str, *extra: str) -> KafkaOutput:
-    """What `pg2sink --sink kafka --format FMT --messages` produces for the input;
-    `extra`: 'tombstones'."""
+def kafka_output(source: Input, broker: Broker, fmt: str, *extra: str) -> KafkaOutput:
+    """What `pg2sink --sink kafka --format FMT --messages` produces for the input, read
+    back from the broker and the registry; `extra`: 'tombstones'."""
+    stack, prefix = broker.stack, broker.topic_prefix
     cfg = KafkaConfig(
-        "golden:9092", format=fmt, topic_prefix=TOPIC_PREFIX, tombstones="tombstones" in extra
+        stack.bootstrap_servers,
+        schema_registry_url=stack.registry_url,
+        format=fmt,
+        topic_prefix=prefix,
+        tombstones="tombstones" in extra,
     )
-    registry = FixedIdRegistry()
-    messages: list[KafkaMessage] = []
-    with mock.patch.object(
-        kafka_sink_module, "Producer", lambda settings: RecordingProducer(settings, messages)
-    ):
-        sink = KafkaSink(cfg, AvroFormat(registry) if fmt == "avro" else None)
-        sink.open()
-        replay(source, sink)
-    return KafkaOutput(messages, registry.registered)
+    registry = LoggedRegistry(RegistryClient(stack.registry_url)) if fmt == "avro" else None
+    sink = KafkaSink(cfg, AvroFormat(registry) if registry is not None else None)
+    sink.open()
+    # the sink's flush and close wait (bounded) for the broker's acknowledgements: a
+    # message still unsent is missing from what is read back, a difference
+    replay(source, sink)
+    read = read_topics(stack, prefix)
+    if registry is None:
+        return KafkaOutput([golden_message(m, prefix, None) for m in read], [])
+    held = registered(stack, prefix)
+    ids = golden_ids(registry.registered, held)
+    messages = [golden_message(m, prefix, ids) for m in read]
+    answers = {(s, i): schema for s, versions in held.items() for i, schema in versions}
+    schemas = [
+        (ids[(subject, i)], _golden_topic(subject, prefix), answers[(subject, i)])
+        for i, subject, _ in registry.registered
+    ]
+    return KafkaOutput(messages, schemas)
+
+
+def golden_ids(
+    logged: Sequence[tuple[int, str, Mapping[str, Any]]],
+    held: Mapping[str, Sequence[tuple[int, Any]]],
+) -> dict[tuple[str, int], int]:
+    """Golden id by (subject, registry id): 1, 2... in order of registration. The
+    registry must hold exactly what the sink registered: the same subjects, each with
+    those schemas (compared by content: a registry may reformat) in that order."""
+    by_subject: dict[str, list[tuple[int, str]]] = {}
+    for schema_id, subject, schema in logged:
+        by_subject.setdefault(subject, []).append((schema_id, canonical(schema)))
+    holds = {s: [(i, canonical(schema)) for i, schema in v] for s, v in held.items()}
+    assert holds == by_subject, f"the registry holds {holds}, the sink registered {by_subject}"
+    return {(subject, schema_id): n for n, (schema_id, subject, _) in enumerate(logged, 1)}
+
+
+def _golden_topic(name: str, prefix: str) -> str:
+    """A topic or subject under TOPIC_PREFIX instead of the run's `prefix`."""
+    assert name.startswith(prefix + "."), name
+    return TOPIC_PREFIX + name[len(prefix) :]
+
+
+def golden_message(
+    m: KafkaMessage, prefix: str, ids: Mapping[tuple[str, int], int] | None
+) -> KafkaMessage:
+    """`m` as the golden files have it; `ids`: golden id by (subject, id) (Avro)."""
+    key, value = m.key, m.value
+    if ids is not None and m.topic != f"{prefix}.messages":  # Message records are JSON
+        key = _golden_framing(key, key_subject(m.topic), ids)
+        value = _golden_framing(value, value_subject(m.topic), ids)
+    return KafkaMessage(_golden_topic(m.topic, prefix), key, value, m.headers)
+
+
+def _golden_framing(
+    data: bytes | None, subject: str, ids: Mapping[tuple[str, int], int]
+) -> bytes | None:
+    """Confluent's framing (magic byte, 4-byte schema id, body) with the golden id; an id
+    the registry does not hold for `subject` becomes 0, which no golden message has.
+    The magic byte and the body are kept as they are, to compare exactly."""
+    if data is None:
+        return None
+    golden = ids.get((subject, int.from_bytes(data[1:5], "big")), 0)
+    return data[:1] + golden.to_bytes(4, "big") + data[5:]
 
 
 @dataclass
@@ -214,25 +237,27 @@ def implementation(impl: str) -> Iterator[NativeUse]:
         yield use
 
 
-def _avro_messages(source: Input) -> bytes:
-    return kafka_lines(kafka_output(source, "avro", "tombstones").messages, text=False)
+def _avro_messages(source: Input, broker: Broker) -> bytes:
+    return kafka_lines(kafka_output(source, broker, "avro", "tombstones").messages, text=False)
 
 
-def _avro_registry(source: Input) -> bytes:
-    return registry_json(kafka_output(source, "avro", "tombstones").registered)
+def _avro_registry(source: Input, broker: Broker) -> bytes:
+    return registry_json(kafka_output(source, broker, "avro", "tombstones").registered)
 
 
-def _json_messages(source: Input) -> bytes:
-    return kafka_lines(kafka_output(source, "json").messages, text=True)
+def _json_messages(source: Input, broker: Broker) -> bytes:
+    return kafka_lines(kafka_output(source, broker, "json").messages, text=True)
 
 
-#: each golden output file (files.py) and how it is made from the input
-OUTPUTS: Mapping[str, Callable[[Input], bytes]] = {
-    "file.jsonl": file_output,
+#: each golden output file (files.py) made with no server, and how it is made
+FILE_OUTPUTS: Mapping[str, Callable[[Input], bytes]] = {"file.jsonl": file_output}
+#: each golden output file made through the real broker and registry, and how
+KAFKA_OUTPUTS: Mapping[str, Callable[[Input, Broker], bytes]] = {
     "kafka_avro.jsonl": _avro_messages,
     "kafka_avro.registry.json": _avro_registry,
     "kafka_json.jsonl": _json_messages,
 }
+OUTPUTS = sorted({*FILE_OUTPUTS, *KAFKA_OUTPUTS})
 
 #: the golden file of an output under --streaming (frames_streamed.bin), where it is not
 #: the same: a Schema record sent inside a streamed transaction carries the LSN the

@@ -2,10 +2,12 @@
 
 The frames a real PostgreSQL sent for tests/golden/workload.py (every built-in type and
 arrays of them, NULLs, unchanged TOAST, a key-changing UPDATE, DELETE, TRUNCATE, DDL
-with a new Schema record, logical messages) are replayed, with no server, through the
-changelog into the file sink and the Kafka sink (Avro with --tombstones, and JSON);
-what each writes must equal the golden files, under the C encoder and the Python path
-alike. files.py says how the golden files are regenerated after an intended change.
+with a new Schema record, logical messages) are replayed, with no PostgreSQL, through
+the changelog into the file sink and into the Kafka sink (Avro with --tombstones, and
+JSON) producing to the session's real broker and registry; what each wrote (the Kafka
+messages read back from the broker, the schemas from the registry: pipeline.py) must
+equal the golden files, under the C encoder and the Python path alike. files.py says
+how the golden files are regenerated after an intended change.
 """
 
 from __future__ import annotations
@@ -26,7 +28,16 @@ from tests.golden.files import (
     read_catalog,
     read_frames,
 )
-from tests.golden.pipeline import IMPLEMENTATIONS, OUTPUTS, STREAMED, Input, implementation
+from tests.golden.pipeline import (
+    FILE_OUTPUTS,
+    IMPLEMENTATIONS,
+    KAFKA_OUTPUTS,
+    OUTPUTS,
+    STREAMED,
+    Broker,
+    Input,
+    implementation,
+)
 from tests.test_type_fidelity import CASES, row_count
 
 
@@ -34,11 +45,22 @@ def golden_input(streamed: bool) -> Input:
     return Input(read_frames(FRAMES_STREAMED if streamed else FRAMES), read_catalog(), streamed)
 
 
+def output(name: str, source: Input, request: pytest.FixtureRequest) -> bytes:
+    """The output `name` made from `source`; a Kafka one through the session's broker
+    and registry (asked for only then: the file sink's tests need no server)."""
+    if name in FILE_OUTPUTS:
+        return FILE_OUTPUTS[name](source)
+    broker = Broker(request.getfixturevalue("kafka_stack"), request.getfixturevalue("topic_prefix"))
+    return KAFKA_OUTPUTS[name](source, broker)
+
+
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("name", sorted(OUTPUTS))
-def test_output_equals_the_golden_file(name: str, impl: str) -> None:
+@pytest.mark.parametrize("name", OUTPUTS)
+def test_output_equals_the_golden_file(
+    name: str, impl: str, request: pytest.FixtureRequest
+) -> None:
     with implementation(impl) as native:
-        got = OUTPUTS[name](golden_input(streamed=False))
+        got = output(name, golden_input(streamed=False), request)
     if name.startswith("kafka_avro"):
         # the C encoder writes the tables whose types it knows (native: the workload's
         # table made for it), the Python path every one: a run tests what it says
@@ -47,8 +69,10 @@ def test_output_equals_the_golden_file(name: str, impl: str) -> None:
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("name", sorted(OUTPUTS))
-def test_streamed_output_equals_the_golden_file(name: str, impl: str) -> None:
+@pytest.mark.parametrize("name", OUTPUTS)
+def test_streamed_output_equals_the_golden_file(
+    name: str, impl: str, request: pytest.FixtureRequest
+) -> None:
     """--streaming: the first transaction arrived in blocks while it ran, with a
     subtransaction aborted after it was streamed; the records are those of the same
     transaction sent whole at commit (but for STREAMED)."""
@@ -56,7 +80,7 @@ def test_streamed_output_equals_the_golden_file(name: str, impl: str) -> None:
     tags = Counter(frame[XLOG_DATA_HEADER.size] for frame in source.frames)
     assert tags[MessageTag.STREAM_ABORT] and tags[MessageTag.STREAM_COMMIT], tags
     with implementation(impl):
-        got = OUTPUTS[name](source)
+        got = output(name, source, request)
     if name in STREAMED:
         check_or_write(STREAMED[name], got)
     else:  # not regenerated from here: the one golden file of both modes
