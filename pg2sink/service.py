@@ -274,8 +274,8 @@ class StreamService:
                     via_partition_root=src.publish_via_partition_root,
                 )
                 handler = changelog
-                if self.gate is not None:
-                    self.gate.attach(changelog.builder)
+                if self.gate is not None:  # imports: the gate's stage in front of the builder
+                    changelog.put_in_front(self.gate.stage(changelog.builder))
                 if self.cfg.streaming:
                     # created after START_REPLICATION took the slot: it deletes old spills
                     handler = spilling = StreamingHandler(

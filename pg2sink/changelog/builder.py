@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pg2sink.catalog.catalog import CatalogLookup
 from pg2sink.changelog.records import Message as MessageRecord
@@ -47,10 +47,6 @@ from pg2sink.logical.messages import (
     Type,
     Update,
 )
-from pg2sink.observability.stats import StreamStats
-
-if TYPE_CHECKING:
-    from pg2sink.imports.gate import ImportGate
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +69,19 @@ RawRowWriter = Callable[[bytes, datetime, int, int, int, Operation], bool]
 #: (namespace, name) -> the sink's RawRowWriter of that table as the sink knows it now
 #: (after its Schema record), or None
 RawRowWriters = Callable[[str, str], "RawRowWriter | None"]
+
+
+class ChangeStats(Protocol):
+    """What the builder counts into (observability.stats.StreamStats), named here so
+    that changelog does not depend on observability, which depends on changelog."""
+
+    def table_changes(self, schema: str, table: str) -> dict[str, int]:
+        """The per-operation change counters of one table (kept per relation)."""
+        ...
+
+    def commit_received(self, end_lsn: int, commit_time: datetime) -> None:
+        """A transaction was received in full."""
+        ...
 
 
 @dataclass(slots=True)
@@ -110,7 +119,7 @@ class ChangelogBuilder:
         catalog: CatalogLookup,
         emit: Callable[[Record], None],
         json_values: bool = False,
-        stats: StreamStats | None = None,
+        stats: ChangeStats | None = None,
         messages: bool = False,
         message_prefixes: tuple[str, ...] = (),
         via_partition_root: bool = False,
@@ -140,8 +149,6 @@ class ChangelogBuilder:
         self.sequence = 0
         self.in_transaction = False
         self.begin_lsn = 0
-        #: set by ImportGate.attach while imports may run (pg2sink.imports.gate)
-        self.gate: ImportGate | None = None
 
     def feed(self, payload: bytes | memoryview, lsn: int) -> int:
         """Process one raw pgoutput message whose XLogData started at `lsn`.
@@ -206,15 +213,6 @@ class ChangelogBuilder:
                 self._commit(end_lsn)
                 return end_lsn
         msg = decode(data)
-        if self.gate is not None:  # an import runs: its table's changes come here
-            try:
-                admitted = self.gate.admit(self, msg, lsn)
-            except BaseException:  # GateHeld: nothing emitted; the stream feeds it again
-                self.tag_counts[tag] -= 1
-                raise
-            if admitted is None:
-                return 0
-            msg = admitted
         self.handle(msg, lsn)
         if msg.__class__ is Commit:
             return msg.end_lsn
@@ -334,13 +332,9 @@ class ChangelogBuilder:
             )
             log.debug("schema of %s.%s emitted", msg.namespace, msg.name)
         if self.raw_writers is not None:
-            # after the Schema record: the sink encodes this shape of the table. Set
-            # before the relation is stored, so that an import gate (another thread)
-            # that swaps the relation's readers sees this one too.
+            # after the Schema record: the sink encodes this shape of the table
             rel.write_raw = self.raw_writers(msg.namespace, msg.name)
         self.relations[msg.relation_id] = rel
-        if self.gate is not None:  # after storing it: see ImportGate._set
-            self.gate.relation_announced(rel)
 
     def catalog_codec(self, type_oid: int, typmod: int) -> ValueCodec:
         return codec_for(self.catalog.pg_type(type_oid), typmod)

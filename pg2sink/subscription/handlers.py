@@ -7,7 +7,7 @@ nothing, so `--decode-only` never moves the slot.
 
 from __future__ import annotations
 
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from pg2sink.catalog.catalog import CatalogLookup
 from pg2sink.changelog.builder import ChangelogBuilder
@@ -26,8 +26,17 @@ from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.base import ReportsHealth, Sink
 
 
+class Stage(Protocol):
+    """Something in front of the builder (the import gate's GateStage): its feed passes
+    a message on to the builder's, leaves it out, or raises pipeline.Held."""
+
+    def feed(self, payload: bytes | memoryview, lsn: int) -> int:
+        """As ChangelogBuilder.feed."""
+        ...
+
+
 class ChangelogHandler:
-    """pgoutput messages → Schema/Modification/Message records → sink."""
+    """pgoutput messages → [stage →] Schema/Modification/Message records → sink."""
 
     def __init__(
         self,
@@ -59,6 +68,10 @@ class ChangelogHandler:
         self.acknowledged = sink.acknowledged
         self.pending_bytes = sink.pending_bytes
         self.tag_counts = self.builder.tag_counts
+
+    def put_in_front(self, stage: Stage) -> None:
+        """Messages go through `stage` before the builder (before the loop binds feed)."""
+        self.feed = stage.feed
 
     @property
     def in_transaction(self) -> bool:

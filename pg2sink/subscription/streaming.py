@@ -145,7 +145,7 @@ class _Spill:
     reader: BinaryIO | None = None
     """The spill file open for the replay, once Stream Commit arrived."""
     held: tuple[bytes, int] | None = None
-    """The change the import gate held back (resumed with it, see _replay)."""
+    """The change a stage held back (resumed with it, see _replay)."""
 
 
 class StreamingHandler:
@@ -155,7 +155,8 @@ class StreamingHandler:
         self.inner = inner
         self.builder = inner.builder
         self.spill_dir = Path(spill_dir)
-        self._builder_feed = inner.builder.feed
+        #: the changelog's feed: the builder's, or a stage's in front of it (the import gate)
+        self._builder_feed = inner.feed
         #: the transaction of the open stream block, if any
         self._block: _Spill | None = None
         self._open: dict[int, _Spill] = {}
@@ -316,9 +317,9 @@ class StreamingHandler:
     def _replay(self, spill: _Spill) -> None:
         """Feed the spilled changes to the builder, from where the last call stopped.
 
-        The import gate (pg2sink.imports.gate) may refuse a change for now: the builder
-        then raises GateHeld with nothing of it emitted, and the stream feeds the Stream
-        Commit again later. So the refused change is kept and the replay resumes with it.
+        A stage in front of the builder (the import gate) may hold a change: it raises
+        pipeline.Held with nothing of it emitted, and the stream feeds the Stream Commit
+        again later. So the held change is kept and the replay resumes with it.
         """
         feed = self._builder_feed
         if spill.held is not None:

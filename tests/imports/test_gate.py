@@ -1,4 +1,8 @@
-"""The import gate against real pgoutput bytes (PostgreSQL 15) and the real builder."""
+"""The import gate against real pgoutput bytes (PostgreSQL 15) and the real builder.
+
+The gate is a stage in front of the builder: its feed passes, leaves out or holds (raises
+GateHeld, a pipeline.Held) each message; the builder's own state is never changed by it.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,9 @@ from psycopg.rows import TupleRow
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.changelog.builder import ChangelogBuilder
 from pg2sink.changelog.records import Modification, Record
-from pg2sink.imports.gate import GateHeld, ImportGate
+from pg2sink.imports.gate import GateHeld, GateStage, ImportGate
 from pg2sink.imports.snapshot import Visibility, current_snapshot
+from pg2sink.pipeline import Held
 from tests.conftest import Database
 
 
@@ -44,12 +49,13 @@ def _builder(conn: psycopg.Connection[TupleRow]) -> tuple[ChangelogBuilder, list
     return ChangelogBuilder(Catalog(conn), out.append, json_values=True), out
 
 
-def _feed_until_held(builder: ChangelogBuilder, messages: list[tuple[int, bytes]]) -> int:
+def _feed_until_held(stage: GateStage, messages: list[tuple[int, bytes]]) -> int:
     """Feed messages in order until the gate holds one; its index."""
     for i, (at, data) in enumerate(messages):
         try:
-            builder.feed(data, at)
+            stage.feed(data, at)
         except GateHeld as e:
+            assert isinstance(e, Held)  # what the replication loop catches
             assert e.table == "public.t"
             return i
     raise AssertionError("the gate held no message")
@@ -69,25 +75,23 @@ def test_changes_the_snapshot_does_not_see_wait_for_the_import(db: Database) -> 
     )
     builder, out = _builder(conn)
     gate = ImportGate()
-    gate.attach(builder)
+    stage = gate.stage(builder)
     gate.hold("public", "t", keyless=False)
     gate.open_snapshot("public", "t", vis, lsn)
-    held_at = _feed_until_held(builder, messages)
-    # the change the snapshot sees went through (on the slow path: the reader declines)
+    held_at = _feed_until_held(stage, messages)
+    # the change the snapshot sees went through
     assert _ops(out) == [("INSERT", {"id": 1, "v": "seen"})]
-    (rel,) = builder.relations.values()
-    assert rel.read_new(b"") is None
     emitted = len(out)
-    with pytest.raises(GateHeld):  # still held: nothing of it written
-        builder.feed(messages[held_at][1], messages[held_at][0])
+    with pytest.raises(GateHeld) as held:  # still held: nothing of it written
+        stage.feed(messages[held_at][1], messages[held_at][0])
     assert len(out) == emitted
+    assert held.value.wait == gate.wait  # the loop waits on the gate: finish() wakes it
     gate.finish("public", "t")
     for at, data in messages[held_at:]:
-        builder.feed(data, at)
+        stage.feed(data, at)
     assert _ops(out)[-1] == ("UPDATE", {"id": 1, "v": "newer"})
-    # past the snapshot's position: the table left the gate, its fast reader is back
+    # past the snapshot's position: the table left the gate
     assert gate.tables() == []
-    assert rel.read_new.__name__ != "_decline"
     assert builder.tag_counts[ord("U")] == 1  # counted once, though fed twice
 
 
@@ -105,22 +109,24 @@ def test_a_keyless_tables_changes_the_import_carries_are_left_out(db: Database) 
     )
     builder, out = _builder(conn)
     gate = ImportGate()
-    gate.attach(builder)
+    stage = gate.stage(builder)
     gate.pending("public", "k")  # job created, not started: everything is in its snapshot
     start = messages[0]
-    builder.feed(start[1], start[0])  # Begin
+    stage.feed(start[1], start[0])  # Begin
     gate.hold("public", "k", keyless=True)
     gate.open_snapshot("public", "k", vis, lsn)
     gate.finish("public", "k")  # the import ran; the stream lagged behind
     for at, data in messages[1:]:
-        builder.feed(data, at)
+        stage.feed(data, at)
     # the visible INSERT is left out (it is an import row); what follows passes
     assert _ops(out) == [("TRUNCATE", None), ("INSERT", {"x": 2, "y": "after"})]
 
 
-def test_a_gated_tables_raw_writer_is_set_aside_until_it_leaves(db: Database) -> None:
-    """A sink's raw writer (the Kafka sink's C encoder) would bypass admit(): the gate
-    removes it with the fast reader and puts both back when the table leaves."""
+def test_a_gated_tables_changes_bypass_the_raw_writer_until_it_leaves(db: Database) -> None:
+    """A sink's raw writer (the Kafka sink's C encoder) would bypass admit(): the stage
+    decides a gated table's changes itself and hands the builder only what passes (its
+    slow path); once the table leaves, its changes take the raw writer again. The
+    builder's relation keeps its raw writer throughout: the gate changes nothing of it."""
     conn = db.connect()
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     messages, vis, lsn = _changes(
@@ -143,16 +149,16 @@ def test_a_gated_tables_raw_writer_is_set_aside_until_it_leaves(db: Database) ->
         Catalog(conn), out.append, json_values=True, raw_writers=lambda ns, name: write_raw
     )
     gate = ImportGate()
-    gate.attach(builder)
+    stage = gate.stage(builder)
     gate.hold("public", "t", keyless=False)
     gate.open_snapshot("public", "t", vis, lsn)
-    held_at = _feed_until_held(builder, messages)
+    held_at = _feed_until_held(stage, messages)
     (rel,) = builder.relations.values()
-    assert rel.write_raw is None and raw == []  # the INSERT went through admit()
+    assert rel.write_raw is write_raw and raw == []  # the INSERT went through admit()
     assert _ops(out) == [("INSERT", {"id": 1, "v": "seen"})]
     gate.finish("public", "t")
     for at, data in messages[held_at:]:
-        builder.feed(data, at)
+        stage.feed(data, at)
     assert gate.tables() == []
     assert rel.write_raw is write_raw
     # the UPDATE took the slow path (it left the gate); the last INSERT the raw writer

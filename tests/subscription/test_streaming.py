@@ -365,10 +365,10 @@ def replay(
     sink = FileSink(str(out))
     sink.open()
     changelog = ChangelogHandler(Catalog(conn), sink)
+    if gate is not None:
+        changelog.put_in_front(gate.stage(changelog.builder))
     handler = StreamingHandler(changelog, str(spill))
     held = 0
-    if gate is not None:
-        gate.attach(changelog.builder)
     for lsn, data in messages:
         try:
             handler.feed(data, lsn)
