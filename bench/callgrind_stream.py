@@ -41,7 +41,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
@@ -110,10 +110,13 @@ class RecordedCatalog:
         return self.partitions.get(relid, False)
 
 
-class _ReplayConn:
+class ReplayStream:
+    """The Streamer's FrameSource, serving captured frames."""
+
     def __init__(self, frames: Sequence[Any], stop: StopRequested) -> None:
         self._frames: Iterator[Any] = iter(frames)
         self._stop = stop
+        self.sent = 0
 
     def get_copy_data(self, _async: int) -> tuple[int, Any]:
         frame = next(self._frames, None)
@@ -122,15 +125,7 @@ class _ReplayConn:
             return 0, b""
         return len(frame), frame
 
-
-class ReplayStream:
-    """What Streamer uses of a ReplicationStream, serving captured frames."""
-
-    def __init__(self, frames: Sequence[Any], stop: StopRequested) -> None:
-        self.pgconn = _ReplayConn(frames, stop)
-        self.sent = 0
-
-    def ended(self) -> None:
+    def ended(self) -> NoReturn:
         raise AssertionError("a replay never ends the copy")
 
     def wait(self, timeout: float, extra_fds: Sequence[int] = ()) -> None:
@@ -146,7 +141,7 @@ def replay_frames(frames: Sequence[memoryview], catalog: Any, sink: Any) -> None
     handler = ChangelogHandler(catalog, sink)
     stop = StopRequested()
     Streamer(
-        ReplayStream(frames, stop),  # type: ignore[arg-type]
+        ReplayStream(frames, stop),
         handler,
         heartbeat_interval=10.0,
         flush_interval=1.0,

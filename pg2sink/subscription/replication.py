@@ -3,6 +3,7 @@
 This is the only place that touches the replication socket. It speaks
 libpq through psycopg's low-level `pgconn` (get_copy_data/put_copy_data):
 the pgoutput bytes it returns are decoded elsewhere (pg2sink.logical).
+It is the replication loop's FrameSource (subscription.stream).
 https://www.postgresql.org/docs/current/protocol-replication.html
 """
 
@@ -30,6 +31,9 @@ class ReplicationStream:
         self.conn = conn
         self.pgconn = conn.pgconn
         self.fileno = self.pgconn.socket
+        #: FrameSource.get_copy_data: libpq's own bound method, called once per change
+        #: without a Python frame around it (see FrameSource)
+        self.get_copy_data = self.pgconn.get_copy_data
 
     def start(
         self,
@@ -90,7 +94,7 @@ class ReplicationStream:
 
     def read(self) -> memoryview | None:
         """The next CopyData payload if one is buffered, else None (never blocks)."""
-        nbytes, data = self.pgconn.get_copy_data(1)
+        nbytes, data = self.get_copy_data(1)
         if nbytes > 0:
             return data
         if nbytes == 0:

@@ -12,6 +12,11 @@ of a checkpoint, and a checkpoint is only taken at a transaction boundary:
 the end LSN of a Commit, or a keepalive's position while no transaction is
 open (so commits that publish nothing still advance the slot and an idle
 slot does not hold WAL).
+
+The loop does no I/O of its own: it reads frames from a `FrameSource` (the
+replication connection, ReplicationStream) and tells the time by a `Clock`,
+so tests drive it with a scripted source on a fake clock
+(tests/subscription/test_streamer_unit.py).
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Protocol
+from typing import NoReturn, Protocol
 
+from pg2sink.imports.gate import GateHeld
 from pg2sink.logical.decoder import MessageTag
 from pg2sink.logical.lsn import format_lsn, now_pg_timestamp
 from pg2sink.logical.replication import (
@@ -34,8 +40,6 @@ from pg2sink.logical.replication import (
     standby_status_update,
 )
 from pg2sink.observability.stats import StreamStats
-from pg2sink.pipeline import Held
-from pg2sink.subscription.replication import ReplicationStream
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,44 @@ _XLOG_DATA_TAG = int(CopyDataTag.XLOG_DATA)
 _ACK_POLL_SECONDS = 0.005
 #: (tag byte, name in StreamStats.messages) of the pgoutput messages counted
 _TAG_NAMES = tuple((int(tag), tag.name.lower()) for tag in MessageTag)
+
+
+class FrameSource(Protocol):
+    """The replication connection as the loop sees it: CopyData frames in, status out.
+
+    ReplicationStream is the real one; a test plays a script of captured frames. Reading
+    never waits (`wait` does), so the loop can do its housekeeping between the two.
+    """
+
+    def get_copy_data(self, async_: int, /) -> tuple[int, memoryview]:
+        """The next frame received, as psycopg's `PGconn.get_copy_data(1)`: (its size,
+        it), size 0 when nothing is buffered, negative when the server ended the copy.
+
+        Called once per change with 1, so the real stream hands out libpq's bound
+        method itself: a Python method around it costs ~500 instructions per call
+        and a functools.partial ~160 (callgrind), against ~45,000 per change."""
+        ...
+
+    def ended(self) -> NoReturn:
+        """Raise the reason the copy ended (after a negative size)."""
+        ...
+
+    def wait(self, timeout: float, extra_fds: Sequence[int] = ()) -> None:
+        """Block until a frame may be readable, an extra fd is, or `timeout` passes."""
+        ...
+
+    def send(self, payload: bytes) -> None:
+        """Send a CopyData payload (a Standby status update) to the server."""
+        ...
+
+
+class Clock(Protocol):
+    """Seconds on a monotonic scale (time.monotonic); the loop's deadlines use it.
+
+    The loop never sleeps on the clock: it waits in `FrameSource.wait`, so a test's
+    source moves its fake clock on while it "waits"."""
+
+    def __call__(self) -> float: ...
 
 
 class ChangeHandler(Protocol):
@@ -112,6 +154,11 @@ class StopRequested:
         signal.set_wakeup_fd(-1)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
+        self.close()
+
+    def close(self) -> None:
+        """Close the wake-up socket pair (uninstall does; a flag never installed needs
+        only this)."""
         self._r.close()
         self._w.close()
 
@@ -128,7 +175,7 @@ class Streamer:
 
     def __init__(
         self,
-        stream: ReplicationStream,
+        source: FrameSource,
         handler: ChangeHandler,
         *,
         heartbeat_interval: float,
@@ -137,10 +184,10 @@ class Streamer:
         poll: Callable[[], object] | None = None,
         confirm: bool = True,
         stop: StopRequested | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = time.monotonic,
         stats: StreamStats | None = None,
     ) -> None:
-        self.stream = stream
+        self.source = source
         self.handler = handler
         self.heartbeat_interval = heartbeat_interval
         self.flush_interval = min(flush_interval, heartbeat_interval)
@@ -178,20 +225,19 @@ class Streamer:
         self._next_flush = now + self.flush_interval
         self._next_status = now + self.heartbeat_interval
         self._next_poll = now + (self.poll_interval or 0.0)
-        stream = self.stream
+        source = self.source
         feed = self.handler.feed
         unpack_header = XLOG_DATA_HEADER.unpack_from
         header_size = XLOG_DATA_HEADER.size
         countdown = _HOUSEKEEPING_EVERY
-        get_copy_data = stream.pgconn.get_copy_data
+        get_copy_data = source.get_copy_data
         stop = self.stop
         while True:
-            # stream.read() inlined: get_copy_data(async) returns (0, _) when nothing is
-            # buffered, a negative size when the stream ended.
+            # (0, _) when nothing is buffered, a negative size when the stream ended
             nbytes, buf = get_copy_data(1)
             if nbytes <= 0:
                 if nbytes < 0:
-                    stream.ended()
+                    source.ended()
                 if stop.requested:
                     break
                 if (
@@ -205,7 +251,7 @@ class Streamer:
                     self._flush()
                 self._housekeeping(self.clock())
                 idle_from = self.clock()
-                stream.wait(self._time_to_deadline(), (stop.fileno,))
+                source.wait(self._time_to_deadline(), (stop.fileno,))
                 self.idle_seconds += self.clock() - idle_from
                 stop.drain()
                 continue
@@ -220,8 +266,8 @@ class Streamer:
                 frame = buf.tobytes()
                 try:
                     end_lsn = feed(frame[header_size:], unpack_header(frame)[1])
-                except Held as held:  # a stage in front of the builder (pg2sink.pipeline)
-                    held_end = self._wait_held(held, buf)
+                except GateHeld as held:  # an import must finish first (imports.gate)
+                    held_end = self._wait_gate(held, buf)
                     if held_end is None:
                         break  # stopped while waiting: nothing of the message was written
                     end_lsn = held_end
@@ -242,8 +288,8 @@ class Streamer:
         self.messages += _HOUSEKEEPING_EVERY - countdown
         self.shutdown()
 
-    def _wait_held(self, held: Held, buf: bytes | memoryview) -> int | None:
-        """Feed the held message again until it goes through; None if stopped.
+    def _wait_gate(self, held: GateHeld, buf: bytes | memoryview) -> int | None:
+        """Feed the held message again until the gate lets it through; None if stopped.
 
         Meanwhile the housekeeping goes on: flushes confirm what came before the held
         message (never past it) and status updates keep wal_sender_timeout at bay."""
@@ -254,12 +300,12 @@ class Streamer:
             if self.stop.requested:
                 return None
             self._housekeeping(self.clock())
-            held.wait(max(0.0, min(0.5, self._time_to_deadline())))
+            held.gate.wait(max(0.0, min(0.5, self._time_to_deadline())))
             try:
                 end_lsn = self.handler.feed(payload, lsn)
-            except Held:
+            except GateHeld:
                 continue
-            log.info("%s", held.resumed)
+            log.info("stream resumed after waiting for the import of %s", held.table)
             return end_lsn
 
     def tick(self) -> None:
@@ -365,7 +411,7 @@ class Streamer:
         # write >= flush always; in --decode-only, flush 0 (InvalidXLogRecPtr)
         # makes the server keep the slot where it is.
         write = max(self.received_lsn, flush)
-        self.stream.send(standby_status_update(write, flush, flush, now_pg_timestamp()))
+        self.source.send(standby_status_update(write, flush, flush, now_pg_timestamp()))
         if self.confirm and self.confirmed_lsn != self._reported_lsn:
             log.debug("confirmed %s", format_lsn(self.confirmed_lsn))
         self._reported_lsn = self.confirmed_lsn
