@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import NoReturn, Protocol
 
-from pg2sink.imports.gate import GateHeld
 from pg2sink.logical.decoder import MessageTag
 from pg2sink.logical.lsn import format_lsn, now_pg_timestamp
 from pg2sink.logical.replication import (
@@ -40,6 +39,7 @@ from pg2sink.logical.replication import (
     standby_status_update,
 )
 from pg2sink.observability.stats import StreamStats
+from pg2sink.pipeline import Held
 
 log = logging.getLogger(__name__)
 
@@ -266,8 +266,8 @@ class Streamer:
                 frame = buf.tobytes()
                 try:
                     end_lsn = feed(frame[header_size:], unpack_header(frame)[1])
-                except GateHeld as held:  # an import must finish first (imports.gate)
-                    held_end = self._wait_gate(held, buf)
+                except Held as held:  # a stage in front of the builder (pg2sink.pipeline)
+                    held_end = self._wait_held(held, buf)
                     if held_end is None:
                         break  # stopped while waiting: nothing of the message was written
                     end_lsn = held_end
@@ -288,8 +288,8 @@ class Streamer:
         self.messages += _HOUSEKEEPING_EVERY - countdown
         self.shutdown()
 
-    def _wait_gate(self, held: GateHeld, buf: bytes | memoryview) -> int | None:
-        """Feed the held message again until the gate lets it through; None if stopped.
+    def _wait_held(self, held: Held, buf: bytes | memoryview) -> int | None:
+        """Feed the held message again until it goes through; None if stopped.
 
         Meanwhile the housekeeping goes on: flushes confirm what came before the held
         message (never past it) and status updates keep wal_sender_timeout at bay."""
@@ -300,12 +300,12 @@ class Streamer:
             if self.stop.requested:
                 return None
             self._housekeeping(self.clock())
-            held.gate.wait(max(0.0, min(0.5, self._time_to_deadline())))
+            held.wait(max(0.0, min(0.5, self._time_to_deadline())))
             try:
                 end_lsn = self.handler.feed(payload, lsn)
-            except GateHeld:
+            except Held:
                 continue
-            log.info("stream resumed after waiting for the import of %s", held.table)
+            log.info("%s", held.resumed)
             return end_lsn
 
     def tick(self) -> None:
