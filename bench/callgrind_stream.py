@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from pg2sink.catalog.types import PgType  # noqa: E402
 from pg2sink.subscription.handlers import ChangelogHandler  # noqa: E402
-from pg2sink.subscription.stream import StopRequested, Streamer  # noqa: E402
+from pg2sink.subscription.loop import StopRequested, Streamer  # noqa: E402
 
 DEFAULT_SIZES = (2000, 12000)
 
@@ -168,7 +168,7 @@ def capture(directory: Path, sizes: Sequence[int]) -> None:
     from psycopg import sql
 
     from pg2sink.catalog.catalog import Catalog
-    from pg2sink.subscription.replication import ReplicationStream
+    from pg2sink.subscription.connection import ReplicationStream
 
     directory.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO / "scripts"))
@@ -237,14 +237,14 @@ def _read_slot(dsn: str, slot: str, publication: str, changes: int, stream_cls: 
     """Every CopyData message from the slot up to the Commit after its `changes`-th change."""
     import psycopg
 
-    from pg2sink.logical.fastpath import commit_end_lsn
-    from pg2sink.logical.lsn import now_pg_timestamp
-    from pg2sink.logical.replication import (
+    from pg2sink.logical.copydata import (
         XLOG_DATA_HEADER,
         PrimaryKeepalive,
         parse_copy_data,
         standby_status_update,
     )
+    from pg2sink.logical.fastpath import commit_end_lsn
+    from pg2sink.logical.lsn import now_pg_timestamp
 
     stream = stream_cls(psycopg.connect(dsn, autocommit=True, replication="database"))
     stream.start(slot, publication)

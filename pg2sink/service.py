@@ -42,16 +42,16 @@ from pg2sink.publication.manager import PublicationManager, Reconciliation, Tabl
 from pg2sink.publication.patterns import TableFilter
 from pg2sink.sinks.base import Sink
 from pg2sink.sinks.file import FileSink, repair_torn_line
+from pg2sink.subscription.connection import ReplicationStream
 from pg2sink.subscription.handlers import ChangelogHandler, DecodeOnlyHandler
-from pg2sink.subscription.reconnect import Reconnect
-from pg2sink.subscription.replication import ReplicationStream
-from pg2sink.subscription.slot import drop_slot, ensure_slot
-from pg2sink.subscription.stream import ChangeHandler, StopRequested, Streamer
-from pg2sink.subscription.streaming import (
+from pg2sink.subscription.in_progress import (
     StreamingHandler,
     check_streaming_server,
     default_spill_dir,
 )
+from pg2sink.subscription.loop import ChangeHandler, StopRequested, Streamer
+from pg2sink.subscription.reconnect import Reconnect
+from pg2sink.subscription.slot import drop_slot, ensure_slot
 
 log = logging.getLogger(__name__)
 

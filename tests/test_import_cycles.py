@@ -158,7 +158,7 @@ def test_the_walk_sees_the_package() -> None:
     """The walk is not vacuous: it finds the modules and their known imports."""
     graph = module_graph()
     assert len(graph) > 50
-    assert "pg2sink.logical.lsn" in graph["pg2sink.subscription.stream"]
+    assert "pg2sink.logical.lsn" in graph["pg2sink.subscription.loop"]
     assert "pg2sink.changelog" in unit_graph(graph)["pg2sink.subscription"]
 
 
@@ -182,7 +182,7 @@ def test_the_builder_and_the_loop_know_nothing_of_imports() -> None:
     """The import gate is a stage in front of the builder (issue #12 item 3): neither the
     changelog nor the replication loop reaches pg2sink.imports, even indirectly."""
     graph = module_graph()
-    for start in ("pg2sink.changelog.builder", "pg2sink.subscription.stream"):
+    for start in ("pg2sink.changelog.builder", "pg2sink.subscription.loop"):
         reached: set[str] = set()
         todo = [start]
         while todo:

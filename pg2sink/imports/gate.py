@@ -4,7 +4,7 @@ While table T is imported at snapshot S (docs/imports.md), a streamed change of 
 transaction that S does not see is newer than every import row, so it may only reach
 the sink once the import's rows are durable: `admit()` raises GateHeld at the first
 such change, before anything of it is emitted; the replication loop answers the server
-with status updates while it waits (subscription/stream.py) and feeds the same message
+with status updates while it waits (subscription/loop.py) and feeds the same message
 again when the gate moves. A change from a transaction S sees is already in the import
 rows: it passes (its key's last visible change equals the import row), except where
 replaying it would undo import rows: TRUNCATE of T, and any change of a table without a

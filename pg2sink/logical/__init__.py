@@ -9,6 +9,12 @@
 Nothing here imports psycopg or touches a socket; tests feed it golden bytes.
 """
 
+from pg2sink.logical.copydata import (
+    PrimaryKeepalive,
+    XLogData,
+    parse_copy_data,
+    standby_status_update,
+)
 from pg2sink.logical.decoder import MessageTag, TupleKind, decode
 from pg2sink.logical.lsn import (
     PG_EPOCH_OFFSET_US,
@@ -41,12 +47,6 @@ from pg2sink.logical.messages import (
     Update,
 )
 from pg2sink.logical.render import render
-from pg2sink.logical.replication import (
-    PrimaryKeepalive,
-    XLogData,
-    parse_copy_data,
-    standby_status_update,
-)
 
 __all__ = [
     "PG_EPOCH_OFFSET_US",

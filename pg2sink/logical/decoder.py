@@ -1,6 +1,6 @@
 """Sans-IO decoder of pgoutput messages: bytes in, frozen dataclasses out.
 
-This is the payload of an XLogData frame (see `replication.py`) sent by the `pgoutput` plugin;
+This is the payload of an XLogData frame (see `copydata.py`) sent by the `pgoutput` plugin;
 the layouts below are those of
 https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html
 and the framing around them is in

@@ -32,16 +32,16 @@ import tests.conftest  # noqa: F401 (puts scripts/ on the path, for services)
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.catalog.server import connect
 from pg2sink.config import SecretDsn
-from pg2sink.logical.decoder import MessageTag, decode
-from pg2sink.logical.lsn import now_pg_timestamp
-from pg2sink.logical.messages import Message
-from pg2sink.logical.replication import (
+from pg2sink.logical.copydata import (
     XLOG_DATA_HEADER,
     PrimaryKeepalive,
     parse_copy_data,
     standby_status_update,
 )
-from pg2sink.subscription.replication import ReplicationStream
+from pg2sink.logical.decoder import MessageTag, decode
+from pg2sink.logical.lsn import now_pg_timestamp
+from pg2sink.logical.messages import Message
+from pg2sink.subscription.connection import ReplicationStream
 from tests.golden import workload
 from tests.golden.files import (
     CATALOG,

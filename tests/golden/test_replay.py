@@ -17,8 +17,8 @@ from collections import Counter
 
 import pytest
 
+from pg2sink.logical.copydata import XLOG_DATA_HEADER
 from pg2sink.logical.decoder import MessageTag
-from pg2sink.logical.replication import XLOG_DATA_HEADER
 from tests.golden.files import (
     DATA,
     FRAMES,

@@ -24,7 +24,7 @@ from pg2sink.logical.decoder import decode
 from pg2sink.logical.messages import StreamAbort
 from pg2sink.sinks.file import FileSink
 from pg2sink.subscription.handlers import ChangelogHandler
-from pg2sink.subscription.streaming import StreamingHandler, check_streaming_server
+from pg2sink.subscription.in_progress import StreamingHandler, check_streaming_server
 from tests.conftest import Database, KafkaStack, Pg2Sink, read_jsonl, run_cli, wait_for
 from tests.logical import golden as g
 from tests.support import FAST, Proc, modifications

@@ -24,9 +24,9 @@ import pytest
 from pg2sink.catalog.types import PgType
 from pg2sink.changelog.records import Modification, Record
 from pg2sink.logical import Begin, Commit, PrimaryKeepalive, XLogData, decode, parse_copy_data
-from pg2sink.logical.replication import XLOG_DATA_HEADER, CopyDataTag
+from pg2sink.logical.copydata import XLOG_DATA_HEADER, CopyDataTag
 from pg2sink.subscription.handlers import ChangelogHandler
-from pg2sink.subscription.stream import StopRequested, Streamer
+from pg2sink.subscription.loop import StopRequested, Streamer
 from tests.logical import golden as g
 
 T0: Final = 1000.0

@@ -3,7 +3,7 @@
 This is the only place that touches the replication socket. It speaks
 libpq through psycopg's low-level `pgconn` (get_copy_data/put_copy_data):
 the pgoutput bytes it returns are decoded elsewhere (pg2sink.logical).
-It is the replication loop's FrameSource (subscription.stream).
+It is the replication loop's FrameSource (subscription.loop).
 https://www.postgresql.org/docs/current/protocol-replication.html
 """
 
@@ -49,7 +49,7 @@ class ReplicationStream:
         start_lsn 0/0 means "from the slot's confirmed_flush_lsn": the server
         never goes back before it, so a restart resumes exactly there.
         `streaming` asks for in-progress transactions (protocol version 2,
-        PostgreSQL 14+; see subscription.streaming).
+        PostgreSQL 14+; see subscription.in_progress).
         """
         if streaming:
             proto_version = max(proto_version, 2)

@@ -16,7 +16,7 @@ slot does not hold WAL).
 The loop does no I/O of its own: it reads frames from a `FrameSource` (the
 replication connection, ReplicationStream) and tells the time by a `Clock`,
 so tests drive it with a scripted source on a fake clock
-(tests/subscription/test_streamer_unit.py).
+(tests/subscription/test_loop.py).
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import NoReturn, Protocol
 
-from pg2sink.logical.decoder import MessageTag
-from pg2sink.logical.lsn import format_lsn, now_pg_timestamp
-from pg2sink.logical.replication import (
+from pg2sink.logical.copydata import (
     XLOG_DATA_HEADER,
     CopyDataTag,
     PrimaryKeepalive,
     parse_copy_data,
     standby_status_update,
 )
+from pg2sink.logical.decoder import MessageTag
+from pg2sink.logical.lsn import format_lsn, now_pg_timestamp
 from pg2sink.observability.stats import StreamStats
 from pg2sink.pipeline import Held
 
