@@ -144,12 +144,18 @@ def pg_conn(db: Database) -> psycopg.Connection[TupleRow]:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment for a pg2sink process: none of the caller's PG*/PG2SINK_*
-    variables, and the HTTP listener on a free port (tests run several at once).
+    variables but PG2SINK_IMPL, and the HTTP listener on a free port (tests run several
+    at once).
 
     Imports are off (PG2SINK_NO_IMPORTS=1): tests that start pg2sink on tables holding
     rows would otherwise see IMPORT records and start Spark. tests/imports/ opts in
     with PG2SINK_NO_IMPORTS=0."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PG2SINK_"))}
+    # PG2SINK_IMPL passes: the implementation under test (make test runs under each)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PG", "PG2SINK_")) or k == "PG2SINK_IMPL"
+    }
     env["PG2SINK_METRICS_ADDRESS"] = "127.0.0.1:0"
     env["PG2SINK_NO_IMPORTS"] = "1"
     env.update(extra)

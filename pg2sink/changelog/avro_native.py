@@ -12,8 +12,10 @@ exactly: an Update with an old tuple, a binary value, a text form or value the C
 not expect (infinity, BC dates, NaN in numeric(p,s), a decimal beyond int64, an array with
 several dimensions...). The caller then takes the Python path, which writes the record or
 reports the problem. `build` returns None for a table with a column type the C code does
-not know (arrays of strings, nested arrays), and when the extension is not built (no
-compiler at install): pg2sink then runs on the Python path alone.
+not know (arrays of strings, nested arrays), and whenever the process runs the Python
+path alone: PG2SINK_IMPL=python, or no extension built (no compiler at install); the
+choice is made once, in changelog._cmodule. Importing this module raises the
+ConfigError of a PG2SINK_IMPL that cannot run (the Kafka sink imports it at start).
 
 Why C: for bench-stream's 6 columns the Python path spends ~7 us of interpreter work
 per change (typed decode 1.6, Modification 0.85, Avro value 3.8, key 0.7); the same
@@ -27,28 +29,24 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pg2sink.changelog import _cmodule
 from pg2sink.changelog.avro import _EPOCH_UTC, TableEncoder, _string
 from pg2sink.changelog.records import Operation
 
-log = logging.getLogger(__name__)
-
-__all__ = ["NativeRowEncoder", "available"]
-
-try:
+if TYPE_CHECKING:
     from pg2sink.changelog._avro_native import RowEncoder
 
-    _BUILT = True
-except ImportError:  # built without a C compiler: the Python path does everything
-    _BUILT = False
+log = logging.getLogger(__name__)
+
+__all__ = ["NativeRowEncoder"]
+
+# a bad PG2SINK_IMPL stops the first user of the encoders here, at its import (the Kafka
+# sink's, inside the CLI's error handling: one line, exit 2), not at the first row
+_cmodule.check()
 
 _absence_logged = False
-
-
-def available() -> bool:
-    """Whether the C extension is built (an install without a compiler has none)."""
-    return _BUILT
 
 
 class Kind(IntEnum):
@@ -192,16 +190,22 @@ class NativeRowEncoder:
         cls, encoder: TableEncoder, key_header: bytes, value_header: bytes
     ) -> NativeRowEncoder | None:
         """The C encoder of `encoder`'s table, or None when the C code cannot write its
-        rows (a column type it does not know) or the extension is not built.
+        rows (a column type it does not know) or the process runs the Python path alone
+        (changelog._cmodule).
 
         `key_header`/`value_header`: the wire-format headers (registry.wire_header) of the
         key and value schema ids; key_header is unused for a table without key.
         """
         global _absence_logged
-        if not _BUILT:
+        row_encoder = _cmodule.ROW_ENCODER
+        if row_encoder is None:
             if not _absence_logged:
                 _absence_logged = True
-                log.debug("native Avro encoder not built: the Kafka sink uses the Python path")
+                log.debug(
+                    "the Kafka sink uses the Python path alone (%s=python, or the C "
+                    "extension is not built)",
+                    _cmodule.VARIABLE,
+                )
             return None
         namespace = encoder.value.get("pg.namespace")
         name = encoder.value.get("pg.table")
@@ -212,4 +216,4 @@ class NativeRowEncoder:
             return None
         columns, key = shape
         names = _string(namespace) + _string(name)
-        return cls(RowEncoder(columns, key, key_header, value_header, names, _EPOCH_UTC))
+        return cls(row_encoder(columns, key, key_header, value_header, names, _EPOCH_UTC))

@@ -15,14 +15,15 @@ stay what they are.
   topic prefix TOPIC_PREFIX, and in Confluent's framing the golden schema id (1, 2... in
   order of registration) for the registry's, once the registry was found to hold
   exactly the schemas registered; magic byte and Avro body untouched.
-- `implementation`: the C encoder or the Python path, and a count of the tables the C
-  encoder took, so that a run can tell which one it tested.
+- `implementation`: the C encoder or the Python path, whichever this session runs
+  (PG2SINK_IMPL, chosen once per process by changelog._cmodule; make test runs the golden
+  tests under each), and a count of the tables the C encoder took, so that a run can
+  tell which one it tested.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from typing import Any
 from unittest import mock
 
 from pg2sink.catalog.catalog import CatalogLookup
-from pg2sink.changelog import avro_native
+from pg2sink.changelog import _cmodule, avro_native
 from pg2sink.config import KafkaConfig
 from pg2sink.logical.copydata import XLOG_DATA_HEADER
 from pg2sink.registry import RegistryClient, SchemaRegistry, key_subject, value_subject
@@ -48,9 +49,9 @@ from tests.golden.normalize import canonical
 
 #: the topic prefix of the replayed Kafka output (a live run's differs: normalize.py)
 TOPIC_PREFIX = "golden"
-#: the environment variable of the encoder choice (issue #12; read by the redesign)
-IMPL_VARIABLE = "PG2SINK_IMPL"
-IMPLEMENTATIONS = ("python", "c")
+#: the implementation of this session's process: one, since PG2SINK_IMPL is read once at
+#: import (an unset variable: c where the extension is built)
+IMPLEMENTATIONS = (_cmodule.check(),)
 
 
 @dataclass(frozen=True)
@@ -212,13 +213,9 @@ class NativeUse:
 
 @contextlib.contextmanager
 def implementation(impl: str) -> Iterator[NativeUse]:
-    """Run the pipeline on the C encoder (`c`) or the Python path (`python`).
-
-    Sets PG2SINK_IMPL (the redesign's switch) and, today, turns the C encoder off by
-    avro_native's own flag, the state of an install built without a compiler."""
-    assert impl in IMPLEMENTATIONS, impl
-    if impl == "c":
-        assert avro_native.available(), "the C extension is not built: `make setup` builds it"
+    """Run the pipeline on the C encoder (`c`) or the Python path (`python`), which must
+    be this session's (IMPLEMENTATIONS), counting the tables the C encoder was built for."""
+    assert impl == _cmodule.IMPL, f"this session runs PG2SINK_IMPL={_cmodule.IMPL}, not {impl}"
     use = NativeUse()
     build = avro_native.NativeRowEncoder.build
 
@@ -227,13 +224,7 @@ def implementation(impl: str) -> Iterator[NativeUse]:
         use.tables += native is not None
         return native
 
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.dict(os.environ, {IMPL_VARIABLE: impl}))
-        stack.enter_context(
-            mock.patch.object(avro_native.NativeRowEncoder, "build", staticmethod(counted))
-        )
-        if impl == "python":
-            stack.enter_context(mock.patch.object(avro_native, "_BUILT", False))
+    with mock.patch.object(avro_native.NativeRowEncoder, "build", staticmethod(counted)):
         yield use
 
 

@@ -36,6 +36,7 @@ from psycopg.types.json import Jsonb
 
 from pg2sink import cli
 from pg2sink.catalog.catalog import Catalog
+from pg2sink.changelog import _cmodule
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.config import KafkaConfig, Settings
 from pg2sink.errors import ConfigError, SinkError
@@ -1021,7 +1022,9 @@ def test_new_rows_go_through_the_native_encoder_and_read_back_equal(
     finally:
         sink.close()
     # 50 inserts and 5 updates encoded in C; the infinite timestamp declined
-    assert written.count(True) == 55 and written.count(False) == 1
+    # (PG2SINK_IMPL=python: no raw writer, the Python path writes every one)
+    native = (55, 1) if _cmodule.IMPL == "c" else (0, 0)
+    assert (written.count(True), written.count(False)) == native
     rows = {
         r[0]: r
         for r in conn.execute(
