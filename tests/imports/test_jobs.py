@@ -181,7 +181,16 @@ def test_a_partition_of_a_job_whose_engine_died_is_not_marked(
     assert jobs.claim(engine, S, "pub") is not None
     jobs.mark_partition_done(store, S, job_id, 0, 1)  # the engine holds the job: fine
     jobs.save_partitions(store, S, job_id, ["true", "false"], 1)
+    pid = engine.info.backend_pid
     engine.close()  # killed
+    # the server ends the backend (and its advisory lock) after the client has gone
+    wait_for(
+        lambda: store.execute(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s)", (pid,)
+        ).fetchone()[0],
+        10,
+        "the closed connection's locks to go",
+    )
     with pytest.raises(ImportFailed, match="no longer run by a live pg2sink"):
         jobs.mark_partition_done(store, S, job_id, 1, 0)
     assert [p.done for p in jobs.load_partitions(store, S, job_id)] == [True, False]
