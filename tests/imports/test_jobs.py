@@ -185,9 +185,7 @@ def test_a_partition_of_a_job_whose_engine_died_is_not_marked(
     engine.close()  # killed
     # the server ends the backend (and its advisory lock) after the client has gone
     wait_for(
-        lambda: store.execute(
-            "SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s)", (pid,)
-        ).fetchone()[0],
+        lambda: scalar(store, "SELECT NOT EXISTS (SELECT FROM pg_locks WHERE pid = %s)", (pid,)),
         10,
         "the closed connection's locks to go",
     )
