@@ -16,6 +16,7 @@ from pg2sink.imports.migrate import apply_migrations
 from pg2sink.imports.snapshot import Visibility
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.support import IMPORTS_ON
+from tests.support import scalar
 
 S = "pg2sink"
 
