@@ -11,10 +11,10 @@ when this module is imported, chooses for the whole process:
     (unset)        c when the extension is built, else python (an install without a
                    compiler), as before the variable existed
 
-Anything else is an error. Nothing is raised at import (the CLI imports this module's
-users before its error handling starts): `check()` raises the error as a ConfigError,
-which the CLI prints as one line with exit code 2. avro_native calls it when it is
-imported, which the Kafka sink does at start, before any connection.
+Anything else is an error. Nothing is raised here at import, so that importing this
+module never ends in a traceback: `check()` raises the error as a ConfigError, which the
+CLI prints as one line with exit code 2. avro_native calls it when it is imported, which
+the Kafka sink does at start (inside the CLI's error handling), before any connection.
 """
 
 from __future__ import annotations
