@@ -149,7 +149,11 @@ def kafka_output(source: Input, broker: Broker, fmt: str, *extra: str) -> KafkaO
     read = read_topics(stack, prefix)
     if registry is None:
         return KafkaOutput([golden_message(m, prefix, None) for m in read], [])
-    held = registered(stack, prefix)
+    # TopicNameStrategy: a topic's subjects are <topic>-key and <topic>-value; with what
+    # the sink registered, an extra or a missing subject is a difference
+    topics = {m.topic for m in read}
+    subjects = [f"{t}-{part}" for t in topics for part in ("key", "value")]
+    held = registered(stack, [*subjects, *(subject for _, subject, _ in registry.registered)])
     ids = golden_ids(registry.registered, held)
     messages = [golden_message(m, prefix, ids) for m in read]
     answers = {(s, i): schema for s, versions in held.items() for i, schema in versions}
