@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pg2sink import __version__, logs, options
+from pg2sink.changelog import _cmodule
 from pg2sink.config import Group, KafkaConfig, LogConfig, SourceConfig, StreamConfig
 from pg2sink.errors import ConfigError, Pg2SinkError
 
@@ -203,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(_normalise_argv(sys.argv[1:] if argv is None else argv))
         _switches_from_env(args)
+        _cmodule.check()  # PG2SINK_IMPL is checked like the flags' variables
         log_config: LogConfig = options.build(LogConfig, args)
         logs.setup(log_config.log_level, log_config.log_format)
         if args.command == "status":

@@ -105,15 +105,18 @@ def test_the_kafka_sink_uses_the_chosen_encoder(
 
 
 @pytest.mark.parametrize("value", ["xml", "C", ""])
-def test_a_bad_value_exits_2_with_one_line(value: str) -> None:
-    res = run_cli(
-        "--source",
-        UNREACHABLE,
-        "--sink=kafka",
-        "--kafka-bootstrap-servers=127.0.0.1:1",
-        "--format=json",
-        env={"PG2SINK_IMPL": value},
-    )
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--sink=kafka", "--kafka-bootstrap-servers=127.0.0.1:1", "--format=json"),
+        ("--file-path", "-"),  # a sink that never loads the encoder checks it too
+        ("status",),
+    ],
+)
+def test_a_bad_value_exits_2_with_one_line(value: str, args: tuple[str, ...]) -> None:
+    command = list(args[:1]) if args[0] == "status" else []
+    flags = list(args[1:]) if args[0] == "status" else list(args)
+    res = run_cli(*command, "--source", UNREACHABLE, *flags, env={"PG2SINK_IMPL": value})
     assert res.returncode == 2, res
     assert res.stderr.splitlines() == [
         f"pg2sink: error: invalid PG2SINK_IMPL={value!r}: choose one of python, c"
