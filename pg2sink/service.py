@@ -275,7 +275,10 @@ class StreamService:
                 )
                 handler = changelog
                 if self.gate is not None:  # imports: the gate's stage in front of the builder
-                    changelog.put_in_front(self.gate.stage(changelog.builder))
+                    stage = self.gate.stage(changelog.builder)
+                    changelog.put_in_front(stage)
+                    # the session's end releases a hold() waiting for this loop's binding
+                    stack.callback(stage.detach)
                 if self.cfg.streaming:
                     # created after START_REPLICATION took the slot: it deletes old spills
                     handler = spilling = StreamingHandler(

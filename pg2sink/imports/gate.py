@@ -21,14 +21,46 @@ that position, so from there on none can come and the table leaves the gate.
 The gate is a stage in front of the changelog builder (GateStage): the builder and the
 replication loop know nothing of imports. The loop sees only pg2sink.pipeline.Held.
 
-Cost on the hot path when no table is gated: one call and one test per message.
-GateStage.feed hands every message to the builder's own feed (its fast paths included)
-while the map of gated tables is empty: measured with bench/callgrind_stream.py's
-workload, ~650 instructions per change of ~45,000 (1.5%), and none with --no-imports (no
-stage). That is the price of keeping the builder's state in the stream thread's hands:
-the earlier design, free on this path, swapped the builder's per-relation readers from
-the import thread. While a table is gated only its row changes and TRUNCATEs are decoded
-and decided here; the other tables keep the builder's fast paths.
+Free while no table is gated. The loop binds its handler's feed to a local once and
+takes it anew only at each housekeeping step (every 512 messages, and whenever it ran
+out of frames or waited on a held message), never per change; the handler asks the
+stage which feed that is (GateStage.bind, in the stream thread): the builder's own while
+the map of gated tables is empty, so a change costs exactly what it costs with
+--no-imports (no stage), and the stage's feed while a table is gated. While a table is
+gated only its row changes and TRUNCATEs are decoded and decided here; the other
+tables keep the builder's fast paths.
+
+Why no change of a gated table reaches the builder unfiltered. Let t be the moment the
+stream thread binds the stage's feed (bind() under the gate's lock, with the table in
+the map). From t on every message the stream thread feeds goes through the stage, which
+reads the current map at each message: the loop feeds only through what it bound last,
+the --streaming handler replays with what it took at that same binding, and nothing is
+bound anew but by bind(). Before t the builder's feed may have been bound:
+
+- hold() (the import thread) publishes the table and returns only once a bind() found it
+  in the map (or no stream session is running: the next one binds from the map it finds
+  before it feeds anything), so t is before hold() returns. A message fed unfiltered came
+  before t, so the walsender had decoded its transaction's commit record before t.
+- The engine (docs/imports.md, step 3) then waits for every transaction running after
+  hold() returned and only then exports the snapshot S: a transaction whose commit record
+  was written before t but which was still listed as running is over by then, so S sees
+  every transaction fed unfiltered. Such a change is in the import rows and came before
+  them in the changelog: for a keyed table the import row (the key's state at S) comes
+  last, as it must. A keyless table is gated "pending" from the moment its job exists
+  (below), long before hold().
+- pending() from the import thread waits for the binding as hold() does. pending() from
+  the stream thread itself (the publication manager's reconcile, in the loop's
+  housekeeping or before the loop starts) cannot wait for itself and need not: the loop
+  takes its feed anew when that housekeeping step returns, before its next message. A
+  replay of a streamed transaction (--streaming) calls housekeeping without taking the
+  feed anew, but a transaction that committed before the table joined the publication
+  holds no change of it (pgoutput decodes with the catalog of each change's position).
+- The table leaves the map (finish, release) at any time: the stage, still bound until
+  the next housekeeping step, passes everything on; then the builder's feed is bound
+  again. Only a map that is empty at bind() time binds the builder's feed.
+
+If no bind() comes within `hold_timeout` (a replay of a huge streamed transaction), hold()
+raises GateTimeoutError: the attempt fails and is retried (nothing was read yet).
 
 Threads: the import engine changes the gate; the replication loop reads it. The table
 map is an immutable snapshot, replaced as a whole (under the gate's lock), never
@@ -41,6 +73,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pg2sink.changelog.builder import ChangelogBuilder, RelationState
@@ -62,6 +96,16 @@ _relation_id = RELATION_ID.unpack_from
 
 #: (schema, table) -> its gate entry: the snapshot the stage decides from
 GatedTables = dict[tuple[str, str], "_Entry"]
+#: A feed of pgoutput messages: ChangelogBuilder.feed, or GateStage.feed in front of it.
+Feed = Callable[[bytes | memoryview, int], int]
+
+#: How long hold() waits for the stream to take the stage's feed (module docstring):
+#: normally one housekeeping step (at most the flush interval while the stream is idle).
+HOLD_TIMEOUT = 60.0
+
+
+class GateTimeoutError(RuntimeError):
+    """The stream did not take the stage's feed in time: the import may not start."""
 
 
 class GateHeld(Held):
@@ -94,11 +138,17 @@ class _Entry:
 class ImportGate:
     """Per-table gates set by the import engine and checked by its GateStage."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_timeout: float = HOLD_TIMEOUT) -> None:
         #: the gated tables: replaced as a whole under _cond, never mutated
         self.gated: GatedTables = {}
+        self.hold_timeout = hold_timeout
         self._cond = threading.Condition()
         self._stage: GateStage | None = None
+        #: the stream thread feeds the builder directly: its last bind() found the map
+        #: empty (False: it feeds through the stage, or no stream session runs)
+        self._bypassed = False
+        #: the thread that called bind() last (the stream thread), None between sessions
+        self._stream_thread: int | None = None
 
     def stage(self, builder: ChangelogBuilder) -> GateStage:
         """The stage in front of `builder`: one per replication session, the latest one
@@ -111,12 +161,35 @@ class ImportGate:
 
     def pending(self, schema: str, table: str) -> None:
         """A keyless table has a job that has not run yet: skip its changes (every one
-        is committed before the job's future snapshot, so the import will carry it)."""
-        self._set((schema, table), _Entry(True, None, False))
+        is committed before the job's future snapshot, so the import will carry it).
+
+        Returns once the stream feeds through the stage, as hold() does; after
+        `hold_timeout` it returns anyway (the stream takes the stage at its next
+        housekeeping step; a change in between may be counted twice, as one made before
+        the job was seen)."""
+        key = (schema, table)
+        self._set(key, _Entry(True, None, False))
+        if not self._await_stage(key):
+            log.warning(
+                "the stream did not take the import gate for %s.%s within %.0fs",
+                schema,
+                table,
+                self.hold_timeout,
+            )
 
     def hold(self, schema: str, table: str, *, keyless: bool) -> None:
-        """The import of this table starts: hold its changes until its snapshot is known."""
-        self._set((schema, table), _Entry(keyless, None, True))
+        """The import of this table starts: hold its changes until its snapshot is known.
+
+        Returns only once the stream feeds through the stage (module docstring): the
+        snapshot may be taken after that. GateTimeoutError if it did not within
+        `hold_timeout`."""
+        key = (schema, table)
+        self._set(key, _Entry(keyless, None, True))
+        if not self._await_stage(key):
+            raise GateTimeoutError(
+                f"the stream did not take the import gate for {schema}.{table} "
+                f"within {self.hold_timeout:.0f}s"
+            )
 
     def open_snapshot(self, schema: str, table: str, visibility: Visibility, lsn: int) -> None:
         """The import reads at `visibility`: changes it sees pass, the others wait."""
@@ -158,7 +231,43 @@ class ImportGate:
                 self._stage.gated = gated
             self._cond.notify_all()
 
+    def _await_stage(self, key: tuple[str, str]) -> bool:
+        """Block until the stream feeds through the stage (or `key` left the map, or no
+        session runs); False after `hold_timeout`. The stream thread itself returns at
+        once: it binds anew before its next message (module docstring)."""
+        deadline = time.monotonic() + self.hold_timeout
+        with self._cond:
+            while self._bypassed and key in self.gated:
+                if self._stream_thread == threading.get_ident():
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
     # -- stream side --------------------------------------------------------------
+
+    def _bind(self) -> bool:
+        """The stream thread takes its feed: the stage's (True) while a table is gated,
+        else the builder's. Under the lock, so that a hold() published before it is seen
+        here, and one published after it waits for the next bind()."""
+        with self._cond:
+            self._stream_thread = threading.get_ident()
+            bypassed = not self.gated
+            if self._bypassed and not bypassed:
+                self._cond.notify_all()  # hold() may return
+            self._bypassed = bypassed
+            return not bypassed
+
+    def _detach(self, stage: GateStage) -> None:
+        """`stage`'s session ended: nothing feeds until the next session's loop binds."""
+        with self._cond:
+            if self._stage is stage:
+                self._stage = None
+            self._bypassed = False
+            self._stream_thread = None
+            self._cond.notify_all()
 
     def admit(
         self, builder: ChangelogBuilder, msg: PgOutputMessage, lsn: int
@@ -221,7 +330,8 @@ class GateStage:
 
     Runs in the stream thread only. It reads the builder (its relations, the open
     transaction's xid) and hands it what passes; it changes nothing of it but the
-    message counts the builder would have made itself.
+    message counts the builder would have made itself. bind() says which feed the
+    stream uses until it asks again: the builder's while no table is gated.
     """
 
     def __init__(self, gate: ImportGate, builder: ChangelogBuilder) -> None:
@@ -231,9 +341,22 @@ class GateStage:
         #: the gate's map, as ImportGate._publish last swapped it in
         self.gated = gate.gated
 
+    def bind(self) -> Feed:
+        """The feed the stream thread uses from now until its next housekeeping step:
+        this stage's while a table is gated, else the builder's own (module docstring)."""
+        gate = self.gate
+        if gate.gated and not gate._bypassed:
+            return self.feed  # bound already: stays (the stage is always safe to feed)
+        return self.feed if gate._bind() else self._builder_feed
+
+    def detach(self) -> None:
+        """The replication session ended (the service calls this): a hold() need not wait
+        for this stage's loop any more."""
+        self.gate._detach(self)
+
     def feed(self, payload: bytes | memoryview, lsn: int) -> int:
         """As ChangelogBuilder.feed; GateHeld (nothing of the message handled) to wait."""
-        # the one test per message while no table is gated (see the module docstring)
+        # the map emptied since the stream bound this feed: pass until it binds anew
         if not self.gated:
             return self._builder_feed(payload, lsn)
         return self._gated_feed(payload, lsn)

@@ -7,6 +7,7 @@ nothing, so `--decode-only` never moves the slot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, TextIO
 
 from pg2sink.catalog.catalog import CatalogLookup
@@ -25,6 +26,9 @@ from pg2sink.logical.render import render
 from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.base import ReportsHealth, Sink
 
+#: Where one pgoutput message goes: ChangelogBuilder.feed, or a stage's feed before it.
+Feed = Callable[[bytes | memoryview, int], int]
+
 
 class Stage(Protocol):
     """Something in front of the builder (the import gate's GateStage): its feed passes
@@ -32,6 +36,12 @@ class Stage(Protocol):
 
     def feed(self, payload: bytes | memoryview, lsn: int) -> int:
         """As ChangelogBuilder.feed."""
+        ...
+
+    def bind(self) -> Feed:
+        """The feed the stream uses until it asks again (at its next housekeeping step,
+        in the stream thread): the stage's own while it has something to decide, else
+        the builder's, so that an idle stage costs nothing per message."""
         ...
 
 
@@ -62,16 +72,24 @@ class ChangelogHandler:
         if isinstance(sink, ReportsHealth) and stats is not None:
             sink.report_health(stats)
         # bound once: these run per change and per commit
-        self.feed = self.builder.feed
+        self._builder_feed: Feed = self.builder.feed
+        self._stage: Stage | None = None
         self.checkpoint = sink.checkpoint
         self.start_flush = sink.start_flush
         self.acknowledged = sink.acknowledged
         self.pending_bytes = sink.pending_bytes
         self.tag_counts = self.builder.tag_counts
 
+    @property
+    def feed(self) -> Feed:
+        """The feed for the loop, which takes it anew at each housekeeping step (never
+        per change): the builder's, or what the stage in front of it says (Stage.bind)."""
+        stage = self._stage
+        return self._builder_feed if stage is None else stage.bind()
+
     def put_in_front(self, stage: Stage) -> None:
-        """Messages go through `stage` before the builder (before the loop binds feed)."""
-        self.feed = stage.feed
+        """Messages go through `stage` before the builder, whenever it says so."""
+        self._stage = stage
 
     @property
     def in_transaction(self) -> bool:

@@ -188,9 +188,15 @@ class StreamingHandler:
     def in_transaction(self) -> bool:
         return self.inner.in_transaction
 
-    def feed(self, payload: bytes | memoryview, lsn: int) -> int:
-        """As ChangeHandler.feed; an ordinary message costs one test more than without
-        --streaming."""
+    @property
+    def feed(self) -> Callable[[bytes | memoryview, int], int]:
+        """As ChangeHandler.feed, taken anew by the loop at each housekeeping step; the
+        changelog's feed is taken anew with it (a stage's while the stage has work)."""
+        self._builder_feed = self.inner.feed
+        return self._feed
+
+    def _feed(self, payload: bytes | memoryview, lsn: int) -> int:
+        """An ordinary message costs one test more than without --streaming."""
         if self._block is None and payload and payload[0] not in _CONTROL:
             return self._builder_feed(payload, lsn)
         return self._stream_feed(payload, lsn)

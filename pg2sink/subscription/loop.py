@@ -95,7 +95,9 @@ class ChangeHandler(Protocol):
 
     def feed(self, payload: bytes | memoryview, lsn: int) -> int:
         """Process one pgoutput message that started at `lsn`; return the transaction's
-        end LSN if it was a Commit, else 0."""
+        end LSN if it was a Commit, else 0. The loop takes `feed` anew at each
+        housekeeping step and uses that until the next (a handler may hand out another
+        callable then: the builder's, or a stage's in front of it)."""
         ...
 
     #: pgoutput messages fed so far, by tag byte; the stream moves them into its
@@ -254,6 +256,9 @@ class Streamer:
                 source.wait(self._time_to_deadline(), (stop.fileno,))
                 self.idle_seconds += self.clock() - idle_from
                 stop.drain()
+                # taken anew at each housekeeping step, never per change: a stage in
+                # front of the builder (the import gate) is fed only while it has work
+                feed = self.handler.feed
                 continue
             countdown -= 1
             if buf[0] == _XLOG_DATA_TAG:
@@ -271,6 +276,7 @@ class Streamer:
                     if held_end is None:
                         break  # stopped while waiting: nothing of the message was written
                     end_lsn = held_end
+                    feed = self.handler.feed  # as _wait_held's last attempt took it
                 if end_lsn:
                     self._checkpoint(end_lsn)
             else:
@@ -285,6 +291,7 @@ class Streamer:
                 if stop.requested:
                     break
                 self._housekeeping(self.clock())
+                feed = self.handler.feed
         self.messages += _HOUSEKEEPING_EVERY - countdown
         self.shutdown()
 

@@ -11,6 +11,7 @@ acknowledgements arrive when the test says, on the same fake clock.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import struct
 from collections import deque
@@ -504,3 +505,135 @@ def test_never_confirms_past_what_the_sink_acknowledged(seed: int) -> None:
         assert acked == r.sink.checkpointed
     modifications = [rec for rec in r.sink.records if isinstance(rec, Modification)]
     assert len(modifications) == script.inserts
+
+
+# -- the import gate's stage: bound at housekeeping steps, free while nothing is gated --
+
+
+def _inserts(records: list[Record]) -> int:
+    return sum(isinstance(rec, Modification) for rec in records)
+
+
+def test_with_nothing_gated_the_loop_feeds_the_builder_itself() -> None:
+    """The stage in front of the builder hands out the builder's own feed while no table
+    is gated (nothing of it runs per change), and its own once one is."""
+    from pg2sink.imports.gate import ImportGate
+
+    handler = ChangelogHandler(SixCatalog(), RecordingSink(FakeClock(), []))
+    builder_feed = handler.feed  # no stage yet
+    assert getattr(builder_feed, "__self__", None) is handler.builder
+    gate = ImportGate()
+    stage = gate.stage(handler.builder)
+    handler.put_in_front(stage)
+    feed = handler.feed
+    assert feed == builder_feed and getattr(feed, "__self__", None) is handler.builder
+    gate.hold("public", "six", keyless=True)  # returns: this thread binds the feeds
+    assert handler.feed == stage.feed
+    gate.release("public", "six")
+    assert handler.feed == builder_feed
+
+
+def test_after_hold_returns_the_next_change_of_its_table_is_held(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """hold() is called by the import thread while the loop streams with the builder's
+    feed bound. It returns only once the loop has taken the stage's feed (a housekeeping
+    step): the change that arrives after that is held, and nothing of the table reaches
+    the sink after hold() returned. Changes fed before the binding go through (they
+    committed before hold() returned: the engine's wait puts them in the snapshot)."""
+    import threading
+    import time
+
+    from pg2sink.imports.gate import ImportGate
+
+    caplog.set_level(logging.INFO, logger="pg2sink.subscription.loop")
+    script = Script()
+    script.transaction(T0)
+    second_end = script.transaction(T0)  # arrives with the first: no housekeeping between
+    script.transaction(T0 + 5)  # after the loop ran out of frames and took its feed anew
+    clock = FakeClock()
+    events: Events = []
+    gate = ImportGate(hold_timeout=30.0)
+    returned: list[int] = []  # inserts the sink had when hold() returned
+
+    class HoldingSink(RecordingSink):
+        """At its first insert, has another thread hold `six` and waits until the gate
+        published it: the loop goes on with the builder's feed, bound before."""
+
+        holder: threading.Thread | None = None
+
+        def write(self, record: Record) -> None:
+            super().write(record)
+            if isinstance(record, Modification) and self.holder is None:
+                self.holder = threading.Thread(target=hold_then_stop)
+                self.holder.start()
+                deadline = time.monotonic() + 10
+                while ("public", "six") not in gate.gated:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.001)
+
+    sink = HoldingSink(clock, events)
+
+    def hold_then_stop() -> None:
+        gate.hold("public", "six", keyless=True)
+        returned.append(_inserts(sink.records))
+        # once the loop paused at the third transaction's insert, stop it
+        deadline = time.monotonic() + 10
+        while not any("stream paused" in m for m in caplog.messages):
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        stop.requested = True
+
+    handler = ChangelogHandler(SixCatalog(), sink)
+    handler.put_in_front(gate.stage(handler.builder))
+    with stop_flag() as stop:
+        source = ScriptedSource(clock, script.frames, stop, T0 + 10, events)
+        Streamer(
+            source, handler, heartbeat_interval=100.0, flush_interval=10.0, stop=stop, clock=clock
+        ).run()
+    assert sink.holder is not None
+    sink.holder.join(10)
+    # the second transaction was fed before the loop bound the stage: hold() had not
+    # returned; the third's insert, after it did, was held and never written
+    assert returned == [2]
+    assert _inserts(sink.records) == 2
+    assert "stream paused at a change of public.six until its import is done" in caplog.messages
+    assert sink.checkpointed == second_end
+    assert [t for t, _ in source.frames] == [T0 + 5]  # the held transaction's Commit
+
+
+def test_hold_waits_for_the_streams_binding_or_the_end_of_its_session() -> None:
+    """hold() from the import thread returns once the stream thread takes the stage's
+    feed, or once the session ends (the next one binds from the map it finds); without
+    either within its timeout it raises, and the import does not start."""
+    import threading
+
+    from pg2sink.imports.gate import GateTimeoutError, ImportGate
+
+    handler = ChangelogHandler(SixCatalog(), RecordingSink(FakeClock(), []))
+    builder_feed = handler.feed
+    gate = ImportGate(hold_timeout=0.05)
+    stage = gate.stage(handler.builder)
+    handler.put_in_front(stage)
+
+    def in_the_stream_thread(action: Callable[[], object], after: float = 0.0) -> threading.Timer:
+        timer = threading.Timer(after, action)
+        timer.start()
+        return timer
+
+    in_the_stream_thread(lambda: handler.feed).join()  # binds the builder's feed
+    with pytest.raises(GateTimeoutError):
+        gate.hold("public", "six", keyless=True)  # no housekeeping step came
+    gate.release("public", "six")  # as the engine's finish() after the failed attempt
+    gate.hold_timeout = 10.0
+    binding = in_the_stream_thread(lambda: handler.feed, after=0.05)
+    gate.hold("public", "six", keyless=True)
+    binding.join()
+    assert handler.feed == stage.feed
+    gate.release("public", "six")
+    bound: list[object] = []
+    in_the_stream_thread(lambda: bound.append(handler.feed)).join()
+    assert bound == [builder_feed]
+    ending = in_the_stream_thread(stage.detach, after=0.05)
+    gate.hold("public", "six", keyless=True)  # returns: no session feeds
+    ending.join()
