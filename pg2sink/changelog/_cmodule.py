@@ -13,8 +13,8 @@ when this module is imported, chooses for the whole process:
 
 Anything else is an error. Nothing is raised here at import, so that importing this
 module never ends in a traceback: `check()` raises the error as a ConfigError, which the
-CLI prints as one line with exit code 2. avro_native calls it when it is imported, which
-the Kafka sink does at start (inside the CLI's error handling), before any connection.
+CLI prints as one line with exit code 2. The CLI calls it at start for every command,
+and avro_native again when it is imported (for a program that uses pg2sink without the CLI).
 """
 
 from __future__ import annotations
