@@ -23,6 +23,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from pg2sink.changelog.records import Record
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
+    from pg2sink.changelog.builder import RawRowWriter
+    from pg2sink.changelog.records import Operation
     from pg2sink.observability.stats import StreamStats
 
 
@@ -56,3 +60,31 @@ class ReportsHealth(Protocol):
     them to the stream's stats, which `/status` reads."""
 
     def report_health(self, stats: StreamStats) -> None: ...
+
+
+@runtime_checkable
+class WritesNewRows(Protocol):
+    """A sink that takes an Insert's or Update's new row as plain arguments, without a
+    Modification record (the file sink): the changelog's fast path calls it per change
+    (ChangelogBuilder's `emit_new_row`)."""
+
+    def write_new_row(
+        self,
+        timestamp: datetime,
+        sequence: int,
+        lsn: int,
+        xid: int,
+        operation: Operation,
+        namespace: str,
+        name: str,
+        after: dict[str, object] | None,
+        before: dict[str, object] | None = None,
+    ) -> None: ...
+
+
+@runtime_checkable
+class WritesRawRows(Protocol):
+    """A sink that writes a table's new rows straight from pgoutput's bytes (the Kafka
+    sink's C encoder): ChangelogBuilder's `raw_writers`."""
+
+    def raw_row_writer(self, namespace: str, name: str) -> RawRowWriter | None: ...

@@ -24,7 +24,7 @@ from pg2sink.logical.messages import (
 )
 from pg2sink.logical.render import render
 from pg2sink.observability.stats import StreamStats
-from pg2sink.sinks.base import ReportsHealth, Sink
+from pg2sink.sinks.base import ReportsHealth, Sink, WritesNewRows, WritesRawRows
 
 #: Where one pgoutput message goes: ChangelogBuilder.feed, or a stage's feed before it.
 Feed = Callable[[bytes | memoryview, int], int]
@@ -66,8 +66,8 @@ class ChangelogHandler:
             messages=messages,
             message_prefixes=message_prefixes,
             via_partition_root=via_partition_root,
-            emit_new_row=getattr(sink, "write_new_row", None),
-            raw_writers=getattr(sink, "raw_row_writer", None),
+            emit_new_row=sink.write_new_row if isinstance(sink, WritesNewRows) else None,
+            raw_writers=sink.raw_row_writer if isinstance(sink, WritesRawRows) else None,
         )
         if isinstance(sink, ReportsHealth) and stats is not None:
             sink.report_health(stats)
