@@ -43,8 +43,8 @@ array items) of the narrower types have the union ["null", T, "string"]
 (typemap.nullable), and such a value is written in the "string" branch as PostgreSQL's
 text, exactly the string the JSON encoder writes: a PgText (`infinity`/`-infinity`, BC
 and after-9999 dates and timestamps, time `24:00:00`, NaN in numeric(p,s), an array with a
-lower bound other than 1) or the text of a PgArray (several dimensions). The fast path
-does not handle them: their converters raise, and the generic path writes the string.
+lower bound other than 1) or the text of a PgArray (several dimensions): their
+converters raise, and the encoder writes the string instead.
 float/double write NaN and the infinities as IEEE values; an unconstrained numeric is an
 Avro string, so its NaN and infinities are that text. `UnrepresentableValueError` is left
 for values a column cannot hold (a Decimal with more digits than numeric(p,s) allows).
@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import copy
 import io
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Context, Decimal, Inexact, InvalidOperation
@@ -63,7 +62,7 @@ from typing import Any
 
 import fastavro
 
-from pg2sink.changelog.records import Modification, Operation, Truncation
+from pg2sink.changelog.records import Modification, Truncation
 from pg2sink.changelog.typemap import PgArray, PgText
 from pg2sink.errors import SinkError
 from pg2sink.logical.messages import UNCHANGED_TOAST
@@ -95,22 +94,6 @@ _TRUNCATE_OPTIONS: dict[str, Any] = {
         {"name": "restart_identity", "type": "boolean"},
     ],
 }
-#: The envelope's tail for every change but a TRUNCATE: unchanged_toast's closing
-#: block, then truncate: null.
-_TAIL = b"\x00\x00"
-
-
-def _truncate_tail(m: Modification) -> bytes:
-    """The envelope's tail of a TRUNCATE: the closing block, then its options."""
-    if not isinstance(m, Truncation):
-        return _TAIL
-    return (
-        b"\x00\x02"
-        + (b"\x01" if m.cascade else b"\x00")
-        + (b"\x01" if m.restart_identity else b"\x00")
-    )
-
-
 # How much of a value an error message shows.
 _PREVIEW_CHARS = 60
 
@@ -365,308 +348,24 @@ def _primitive(schema: Any) -> Any:
     return out
 
 
-# --- direct Avro writing: the fast path of TableEncoder ---------------------------------
-#
-# Per table, the row record is compiled (exec) into one function that appends the Avro
-# binary of a row to a bytearray: union branch bytes, zig-zag varints, length-prefixed
-# UTF-8, IEEE floats, with the converters above for logical types. Anything it does not
-# expect (a wrong Python type, a value out of range, a converter error) raises, and the
-# encoder then writes the record the generic way (converters + fastavro), which gives the
-# same bytes or the error. tests/changelog/test_avro.py checks the bytes are fastavro's.
+# --- Avro primitives written by hand: the bytes the C encoder is given once per table ---
 
 
-class _FallbackError(Exception):
-    """The fast path cannot write this record; the generic path will (or will raise)."""
-
-
-_FAST_ERRORS = (
-    _FallbackError,
-    TypeError,
-    ValueError,
-    AttributeError,
-    LookupError,
-    OverflowError,
-    struct.error,
-)
-
-_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
-_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
-#: zig-zag varints below 128 (one byte), bare and after the union branch byte 2
-_SMALL = tuple(bytes((i,)) for i in range(128))
-_SMALL_1 = tuple(bytes((2, i)) for i in range(128))
-
-
-#: two 7-bit groups of a longer varint, both with their continuation bit (16,384 entries)
-_LOW_14 = tuple(bytes(((i & 0x7F) | 0x80, (i >> 7) | 0x80)) for i in range(1 << 14))
-#: continuation bits of a varint of n bytes (all but the last), with room for a prefix byte
-_CONTINUATION = tuple(sum(0x80 << (8 * i) for i in range(n - 1)) for n in range(11))
-
-
-def _varint(zz: int, prefix: int) -> bytes:
-    """The varint of zz >= 0x80, after the byte `prefix` when it is not -1.
-
-    The 7-bit groups are spread to bytes with masks and shifts in one expression, then
-    written by int.to_bytes: a fraction of the cost of a loop over the groups.
-    """
-    if zz < 0x4000:
-        if prefix < 0:
-            return bytes(((zz & 0x7F) | 0x80, zz >> 7))
-        return bytes((prefix, (zz & 0x7F) | 0x80, zz >> 7))
-    if zz < 0x10000000:
-        n = 3 if zz < 0x200000 else 4
-        spread = (
-            (zz & 0x7F)
-            | (zz & 0x3F80) << 1
-            | (zz & 0x1FC000) << 2
-            | (zz & 0xFE00000) << 3
-            | _CONTINUATION[n]
-        )
-    else:
-        # LSNs and timestamps, on every change: 14 bits at a time from a table costs a
-        # third less than spreading up to ten groups with masks (measured)
-        out = b"" if prefix < 0 else bytes((prefix,))
-        while zz >= 0x4000:
-            out += _LOW_14[zz & 0x3FFF]
-            zz >>= 14
-        return out + (_SMALL[zz] if zz < 0x80 else bytes(((zz & 0x7F) | 0x80, zz >> 7)))
-    if prefix < 0:
-        return spread.to_bytes(n, "little")
-    return (spread << 8 | prefix).to_bytes(n + 1, "little")
-
-
-def _long(n: int) -> bytes:
-    """Avro long (zig-zag varint)."""
+def avro_long(n: int) -> bytes:
+    """Avro long: the zig-zag varint of `n` (a signed 64-bit integer)."""
     zz = (n << 1) ^ (n >> 63)
-    if zz < 0x80:
-        return _SMALL[zz]
-    if n < _LONG_MIN or n > _LONG_MAX:
-        raise _FallbackError
-    return _varint(zz, -1)
+    out = bytearray()
+    while zz >= 0x80:
+        out.append((zz & 0x7F) | 0x80)
+        zz >>= 7
+    out.append(zz)
+    return bytes(out)
 
 
-def _long_1(n: int) -> bytes:
-    """Union branch 1, then Avro long."""
-    zz = (n << 1) ^ (n >> 63)
-    if zz < 0x80:
-        return _SMALL_1[zz]
-    if n < _LONG_MIN or n > _LONG_MAX:
-        raise _FallbackError
-    return _varint(zz, 2)
-
-
-def _string(value: str) -> bytes:
+def avro_string(value: str) -> bytes:
+    """Avro string: the UTF-8 bytes' length as an Avro long, then the bytes."""
     data = value.encode()
-    n = len(data)
-    return _SMALL[n << 1] + data if n < 64 else _varint(n << 1, -1) + data
-
-
-def _array_writer(avro: Mapping[str, Any]) -> Callable[[object, bytearray], None]:
-    """Writer of a non-null array value (no union branch byte).
-
-    Items that need the "string" branch of ["null", T, "string"] raise: the generic path
-    writes them.
-    """
-    items = avro["items"]
-    if not (
-        isinstance(items, list)
-        and items[0] == "null"
-        and (len(items) == 2 or _has_text_branch(items))
-    ):
-        raise _FallbackError
-    item = _item_writer(items[1])
-
-    def write(value: object, out: bytearray) -> None:
-        if value.__class__ is not list:
-            raise _FallbackError
-        elements: list[object] = value
-        if elements:
-            out += _long(len(elements))
-            for element in elements:
-                if element is None:
-                    out += b"\x00"
-                else:
-                    out += b"\x02"
-                    item(element, out)
-        out += b"\x00"
-
-    return write
-
-
-def _item_writer(avro: Any) -> Callable[[object, bytearray], None]:
-    """Writer of a non-null value of Avro type `avro` (no union branch byte)."""
-    if isinstance(avro, str):
-        avro = {"type": avro}
-    kind = (avro["type"], avro.get("logicalType"))
-    if kind == ("array", None):
-        raise _FallbackError  # multi-dimensional: the generic path says why it cannot
-    convert = converter_for(avro)
-    avro_type = avro["type"]
-
-    def write(value: object, out: bytearray) -> None:
-        if value.__class__ is list:
-            raise _FallbackError
-        v: Any = value if convert is None else convert(value)
-        if avro_type == "long":
-            out += _long(v) if v.__class__ is int else _no_int()
-        elif avro_type == "int":
-            if v.__class__ is not int or v < _INT_MIN or v > _INT_MAX:
-                raise _FallbackError
-            out += _long(v)
-        elif avro_type == "string":
-            if not isinstance(v, str):
-                raise _FallbackError
-            out += _string(v)
-        elif avro_type == "bytes":
-            if v.__class__ is not bytes:
-                raise _FallbackError
-            out += _long(len(v))
-            out += v
-        elif avro_type == "boolean":
-            if v.__class__ is not bool:
-                raise _FallbackError
-            out += b"\x01" if v else b"\x00"
-        elif avro_type == "double":
-            out += _DOUBLE(v)
-        elif avro_type == "float":
-            out += _FLOAT(v)
-        else:
-            raise _FallbackError
-
-    return write
-
-
-def _no_int() -> bytes:
-    raise _FallbackError
-
-
-_DOUBLE = struct.Struct("<d").pack
-_FLOAT = struct.Struct("<f").pack
-_DOUBLE_1 = struct.Struct("<Bd").pack
-_FLOAT_1 = struct.Struct("<Bf").pack
-
-
-def _field_code(i: int, avro: Any, env: dict[str, object]) -> list[str]:
-    """Statements writing branch 1 and the non-null value `v` of field i."""
-    if isinstance(avro, str):
-        avro = {"type": avro}
-    kind = (avro["type"], avro.get("logicalType"))
-    convert = converter_for(avro)
-    c = f"c{i}"
-    env[c] = convert
-    if kind[0] in ("long", "int"):
-        # _long_1 inline (with the int range for Avro int), a call less per value
-        low, high = ("_LONG_MIN", "_LONG_MAX") if kind[0] == "long" else ("_INT_MIN", "_INT_MAX")
-        return [
-            # plain int/long: as is; date, time-micros, (local-)timestamp-micros: converted
-            "if v.__class__ is not int: raise _FallbackError" if convert is None else f"v = {c}(v)",
-            "zz = (v << 1) ^ (v >> 63)",
-            "if zz < 0x80: out += _SMALL_1[zz]",
-            f"elif {low} <= v <= {high}: out += _varint(zz, 2)",
-            "else: raise _FallbackError",
-        ]
-    if kind[0] == "string":
-        return [
-            "if v.__class__ is not str:",
-            f"    v = {c}(v) if {c} is not None else v",
-            "    if not isinstance(v, str): raise _FallbackError",
-            "d = v.encode()",
-            "n = len(d)",
-            "out += _SMALL_1[n << 1] if n < 64 else _long_1(n)",
-            "out += d",
-        ]
-    if kind == ("bytes", "decimal") and int(avro.get("scale", 0)) >= 0:
-        # The unscaled value from the exact fraction n/d: half the cost of the converter's
-        # quantize (measured). Whatever the converter would reject or round (a Decimal with
-        # more decimals than the scale or more digits than the precision, NaN, infinities:
-        # as_integer_ratio raises) falls back to the generic path, which says why.
-        env[f"s{i}"] = 10 ** int(avro.get("scale", 0))
-        env[f"l{i}"] = 10 ** max(int(avro["precision"]), 1)
-        return [
-            "if v.__class__ is not _Decimal: raise _FallbackError",
-            "n, d = v.as_integer_ratio()",
-            f"n *= s{i}",
-            "if n % d: raise _FallbackError",
-            "n //= d",
-            f"if not -l{i} < n < l{i}: raise _FallbackError",
-            "v = n.to_bytes((n.bit_length() + 8) // 8, 'big', signed=True)",
-            "n = len(v)",
-            "out += _SMALL_1[n << 1] if n < 64 else _long_1(n)",
-            "out += v",
-        ]
-    if kind == ("bytes", None) or kind == ("bytes", "decimal"):
-        lines = [] if convert is None else [f"v = {c}(v)"]
-        return [
-            *lines,
-            "if v.__class__ is not bytes: raise _FallbackError",
-            "n = len(v)",
-            "out += _SMALL_1[n << 1] if n < 64 else _long_1(n)",
-            "out += v",
-        ]
-    if kind == ("boolean", None):
-        return [
-            "if v is True: out += b'\\x02\\x01'",
-            "elif v is False: out += b'\\x02\\x00'",
-            "else: raise _FallbackError",
-        ]
-    if kind == ("double", None):
-        return [f"out += _DOUBLE_1(2, v if v.__class__ is float else {c}(v))"]
-    if kind == ("float", None):
-        return [f"out += _FLOAT_1(2, v if v.__class__ is float else {c}(v))"]
-    if kind == ("array", None):
-        w = f"w{i}"
-        env[w] = _array_writer(avro)
-        return ["out += b'\\x02'", f"{w}(v, out)"]
-    raise _FallbackError
-
-
-def _compile_row(record: Mapping[str, Any]) -> Callable[..., None] | None:
-    """fn(row, out, toast): append the record's Avro binary to `out` (None: unsupported).
-
-    Fields whose value is UNCHANGED_TOAST are written null and their names appended to
-    `toast`. A value that needs the "string" branch of a ["null", T, "string"] field
-    raises (its converter does): the generic path writes it.
-    """
-    env: dict[str, object] = {
-        "_FallbackError": _FallbackError,
-        "_long_1": _long_1,
-        "_varint": _varint,
-        "_LONG_MIN": _LONG_MIN,
-        "_LONG_MAX": _LONG_MAX,
-        "_INT_MIN": _INT_MIN,
-        "_INT_MAX": _INT_MAX,
-        "_SMALL_1": _SMALL_1,
-        "_DOUBLE_1": _DOUBLE_1,
-        "_FLOAT_1": _FLOAT_1,
-        "_Decimal": Decimal,
-        "TOAST": UNCHANGED_TOAST,
-    }
-    lines = ["def encode_row(row, out, toast):", "    get = row.get"]
-    try:
-        for i, f in enumerate(record["fields"]):
-            union = f["type"]
-            if not (
-                isinstance(union, list)
-                and union[0] == "null"
-                and (len(union) == 2 or _has_text_branch(union))
-            ):
-                return None
-            env[f"k{i}"] = f["pg.column"]
-            env[f"f{i}"] = f["name"]
-            body = _field_code(i, union[1], env)
-            lines += [
-                f"    v = get(k{i})",
-                "    if v is None: out += b'\\x00'",
-                f"    elif v is TOAST: out += b'\\x00'; toast.append(f{i})",
-                "    else:",
-                *("        " + line for line in body),
-            ]
-    except (_FallbackError, ValueError, KeyError, TypeError):
-        return None
-    if len(lines) == 2:
-        lines.append("    pass")
-    exec("\n".join(lines), env)  # code built from the schema's types only
-    fn: Callable[..., None] = env["encode_row"]  # type: ignore[assignment]
-    return fn
+    return avro_long(len(data)) + data
 
 
 # --- per-table encoder -----------------------------------------------------------------
@@ -726,23 +425,19 @@ class TableEncoder:
 
     Built once per Schema record of the table: it parses the envelope and key schemas
     and compiles the row converters, so encoding a change is a dict build plus fastavro.
+    This is the reference Python writer; the C encoder (changelog.avro_native) writes the
+    same bytes for an Insert's or Update's new row when the process runs it.
     """
 
     __slots__ = (
-        "_fast_key",
-        "_fast_row",
         "_key",
         "_key_rows",
-        "_names",
-        "_operations",
         "_row_name",
         "_rows",
         "_table",
         "_timestamp",
-        "_timestamp_bytes",
         "_timestamp_micros",
         "_value",
-        "_xid_bytes",
         "key",
         "value",
     )
@@ -771,75 +466,10 @@ class TableEncoder:
         # the commit time of the last change, converted (the same for a whole transaction)
         self._timestamp: object = None
         self._timestamp_micros = 0
-        # (commit time, its Avro long) of the fast path
-        self._timestamp_bytes: tuple[object, bytes] = (None, b"")
-        # (xid, its Avro long) of the fast path: a multi-byte varint, once per transaction
-        self._xid_bytes: tuple[int, bytes] = (-1, b"")
-        # the fast path (None: every record goes the generic way)
-        self._fast_row = _compile_row(row)
-        self._fast_key = _compile_row(self.key) if self.key is not None else None
-        self._names = (namespace, name, _string(namespace) + _string(name))
-        self._operations = {op: _string(op.value) for op in Operation}
 
     def encode_value(self, m: Modification, header: bytes = b"") -> bytes:
-        """`header` and the envelope of `m`, Avro binary.
-
-        The fast path is written inline rather than as a method of its own: one Python
-        call less per change. Whatever it cannot write raises one of _FAST_ERRORS, and
-        the generic path writes the record (the same bytes) or says why it cannot.
-        """
-        try:
-            row = self._fast_row
-            if row is None:
-                raise _FallbackError
-            # commit time and xid: multi-byte varints, the same for a whole transaction
-            timestamp, encoded = self._timestamp_bytes
-            if m.timestamp is not timestamp:
-                encoded = _long((m.timestamp - _EPOCH_UTC) // _MICROSECOND)
-                self._timestamp_bytes = (m.timestamp, encoded)
-            out = bytearray(header)
-            out += encoded
-            sequence = m.sequence
-            out += _SMALL[sequence << 1] if 0 <= sequence < 64 else _long(sequence)
-            out += _long(m.lsn)
-            xid, xid_bytes = self._xid_bytes
-            if m.xid != xid:
-                xid_bytes = _long(m.xid)
-                self._xid_bytes = (m.xid, xid_bytes)
-            out += xid_bytes
-            out += self._operations[m.operation]
-            namespace, name, names = self._names
-            if m.namespace == namespace and m.name == name:
-                out += names
-            else:
-                out += _string(m.namespace)
-                out += _string(m.name)
-            toast: list[str] = []
-            tail = _TAIL
-            if m.before is None:
-                out += b"\x00"
-            else:
-                out += b"\x02"
-                row(m.before, out, [])
-            if m.after is None:
-                out += b"\x00"
-                if m.operation is Operation.TRUNCATE:
-                    tail = _truncate_tail(m)
-            else:
-                out += b"\x02"
-                row(m.after, out, toast)
-            if toast:
-                out += _long(len(toast))
-                for field in toast:
-                    out += _string(field)
-            out += tail
-            return bytes(out)
-        except _FAST_ERRORS:
-            pass
-        return header + self._generic_value(m)
-
-    def _generic_value(self, m: Modification) -> bytes:
-        """The envelope of `m`, through the converters and fastavro."""
+        """`header` and the envelope of `m`, Avro binary, through the converters and
+        fastavro."""
         # (name, record) picks the union branch: fastavro would otherwise validate the
         # whole record against each branch before writing it (a third of the time, measured)
         row_name = self._row_name
@@ -869,21 +499,13 @@ class TableEncoder:
                 else None
             ),
         }
-        return self._write(self._value, record)
+        return header + self._write(self._value, record)
 
     def encode_key(self, row: Mapping[str, object], header: bytes = b"") -> bytes | None:
         """`header` and the key record of `row` (a before or after image), Avro binary;
         None for a table without key."""
         if self._key_rows is None:
             return None
-        fast = self._fast_key
-        if fast is not None:
-            try:
-                out = bytearray(header)
-                fast(row, out, [])
-                return bytes(out)
-            except _FAST_ERRORS:
-                pass
         return header + self._write(self._key, self._key_rows.convert(row)[0])
 
     def _write(self, schema: Any, record: Mapping[str, object]) -> bytes:

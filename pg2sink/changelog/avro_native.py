@@ -32,7 +32,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from pg2sink.changelog import _cmodule
-from pg2sink.changelog.avro import _EPOCH_UTC, TableEncoder, _string
+from pg2sink.changelog.avro import _EPOCH_UTC, TableEncoder, avro_string
 from pg2sink.changelog.records import Operation
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def _columns(
         column = _union_kind(field.get("type"))
         if column is None:
             return None
-        columns.append((*column, _string(field["name"])))
+        columns.append((*column, avro_string(field["name"])))
     key: list[int] | None = None
     if encoder.key is not None:
         position = {f["pg.column"]: i for i, f in enumerate(fields)}
@@ -215,5 +215,5 @@ class NativeRowEncoder:
         if shape is None:
             return None
         columns, key = shape
-        names = _string(namespace) + _string(name)
+        names = avro_string(namespace) + avro_string(name)
         return cls(row_encoder(columns, key, key_header, value_header, names, _EPOCH_UTC))

@@ -24,6 +24,8 @@ from pg2sink.catalog.types import PgType
 from pg2sink.changelog.avro import (
     TableEncoder,
     UnrepresentableValueError,
+    avro_long,
+    avro_string,
     envelope_schema,
     key_schema,
 )
@@ -316,18 +318,18 @@ def test_envelope_follows_the_published_modification_schema() -> None:
     fastavro.parse_schema(envelope, named_schemas={})
 
 
-# --- the fast path writes exactly fastavro's bytes ----------------------------------------
+# --- edge values: every varint length, long strings, decimals at their limits --------
 
 _INTS = [0, 1, -1, 63, -64, 64, -65, 8191, -8192, 8192, 2**31 - 1, -(2**31)]
 _LONGS = [*_INTS, 2**31, -(2**31) - 1, 2**53 + 1, 2**63 - 1, -(2**63)]
 _STRINGS = ["", "a", "Zoë 🐘", "x" * 63, "y" * 64, "é" * 40, "z" * 300, "0\x00nul"]
 _DECIMALS = ["0", "0.01", "-0.01", "1.27", "1.28", "-1.28", "-1.29", "12345678.50"]
 _DECIMALS += ["-99999999.99", "99999999.99", "327.67", "-327.68", "1"]
-# fewer decimals than the scale, exponents, negative zero: the fast path's exact fraction
+# fewer decimals than the scale, exponents, negative zero
 _DECIMALS += ["1.5", "-0.00", "0E-7", "1E+3", "9.9E+7", "-12.340000", "0.10"]
 
 
-def _fast_rows() -> list[dict[str, object]]:
+def _edge_rows() -> list[dict[str, object]]:
     """Typed rows covering every Avro type of the mapping, edge values, NULLs, TOAST."""
     base = decode_row(TEXT)
     rows: list[dict[str, object]] = [base, dict.fromkeys(base)]
@@ -365,21 +367,12 @@ def _fast_rows() -> list[dict[str, object]]:
     return rows
 
 
-def _no_fallback(self: TableEncoder, m: Modification) -> bytes:
-    raise AssertionError(f"the fast path fell back for {m!r}")
-
-
-def _fast_only(encoder: TableEncoder, m: Modification) -> bytes:
-    """encode_value(m), failing if the fast path handed it to the generic path."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(TableEncoder, "_generic_value", _no_fallback)
-        return encoder.encode_value(m)
-
-
-def test_fast_path_writes_the_bytes_of_fastavro() -> None:
+def test_edge_values_read_back() -> None:
+    """Edge rows of every Avro type of the mapping, in every operation's envelope, read
+    back by fastavro as a consumer reads them."""
     encoder = TableEncoder("public", "all types", row_schema())
-    assert encoder._fast_row is not None and encoder._fast_key is not None
-    for i, row in enumerate(_fast_rows()):
+    assert encoder.key is not None
+    for i, row in enumerate(_edge_rows()):
         for m in (
             modification(row, op=Operation.INSERT),
             modification(row, dict(row), Operation.UPDATE),
@@ -387,20 +380,26 @@ def test_fast_path_writes_the_bytes_of_fastavro() -> None:
             modification(None, None, Operation.TRUNCATE),
         ):
             m.sequence, m.lsn, m.xid = i * 7, _LONGS[i % len(_LONGS)] & (2**63 - 1), i * 1000
-            expected = encoder._generic_value(m)
-            assert encoder.encode_value(m) == expected, (i, m.operation)
-            assert encoder.encode_value(m, b"\x00\x00\x00\x00\x07") == b"\0\0\0\0\7" + expected
-            assert _fast_only(encoder, m) == expected, (i, m.operation)
-        assert encoder._fast_key is not None and encoder._key_rows is not None
-        fast_key = bytearray()
-        encoder._fast_key(row, fast_key, [])
-        assert bytes(fast_key) == encoder._write(encoder._key, encoder._key_rows.convert(row)[0])
-        assert encoder.encode_key(row, b"H") == b"H" + bytes(fast_key)
+            body = encoder.encode_value(m, b"\x00\x00\x00\x00\x07")
+            assert body[:5] == b"\0\0\0\0\7"
+            record = read(encoder.value, body[5:])
+            assert (record["sequence"], record["lsn"], record["xid"]) == (m.sequence, m.lsn, m.xid)
+            image = record["after"] if m.after is not None else record["before"]
+            if image is None:
+                continue
+            for column in ("id", "i4", "t", "j", "by", "b"):
+                value = row[column]
+                assert image[column] == (None if value is UNCHANGED_TOAST else value), column
+            toast = [c for c in ("t", "j", "ai") if row[c] is UNCHANGED_TOAST]
+            assert record["unchanged_toast"] == (toast if m.after is not None else [])
+        key = encoder.encode_key(row, b"H")
+        assert key is not None and key[:1] == b"H"
+        assert read(encoder.key, key[1:]) == {"id": row["id"], "order_id": row["order id"]}
 
 
-def test_fast_path_falls_back_to_the_generic_errors() -> None:
+def test_values_out_of_range_are_sink_errors() -> None:
     encoder = TableEncoder("public", "all types", row_schema())
-    # out of range for Avro long / int: the generic path's error
+    # out of range for Avro long / int, or not of the field's type
     for column, value in (
         ("id", 2**63),
         ("id", -(2**63) - 1),
@@ -410,33 +409,32 @@ def test_fast_path_falls_back_to_the_generic_errors() -> None:
     ):
         with pytest.raises(SinkError, match=r"public\.all types"):
             encoder.encode_value(modification({"id": 1, column: value}))
-    # a value the fast path does not take but fastavro writes: fastavro's bytes
+    # values the converters turn into the field's type
     row: dict[str, object] = {"id": 1, "f8": "1.5", "t": Decimal("2.50"), "i4": 3}
-    m = modification(row)
-    assert encoder.encode_value(m) == encoder._generic_value(m)
+    after = read(encoder.value, encoder.encode_value(modification(row)))["after"]
+    assert (after["f8"], after["t"], after["i4"]) == (1.5, "2.50", 3)
 
 
-def test_fast_decimals_are_fastavros_own_decimal_bytes() -> None:
-    """The fast path's exact-fraction decimals against fastavro's logical-type writer (not
-    the converter the generic path shares), and what it refuses is the generic error."""
+def test_decimals_are_fastavros_own_decimal_bytes() -> None:
+    """The converter's unscaled two's-complement bytes against fastavro's logical-type
+    writer, and what it refuses is the error saying why."""
     columns = [
         RowColumn("n", codec_for(builtin("numeric"), numeric_typmod(12, 2)), False),
         RowColumn("z", codec_for(builtin("numeric"), numeric_typmod(18, 0)), False),
     ]
     record = avro_row_schema("public", "dec", columns)
     encoder = TableEncoder("public", "dec", record)
-    assert encoder._fast_row is not None
     parsed = fastavro.parse_schema(record, named_schemas={})
     values = [*_DECIMALS, "9999999999.99", "-9999999999.99", "0.5E+1", "-1E+1"]
     for text in values:
         row: dict[str, object] = {"n": Decimal(text), "z": Decimal(text).quantize(Decimal(1))}
-        fast = bytearray()
-        encoder._fast_row(row, fast, [])
+        m = Modification(T, 0, 1, 2, Operation.INSERT, "public", "dec", None, row)
         # fastavro wants exactly the scale's digits: the same number, as PostgreSQL sends it
         same = {"n": Decimal(text).quantize(Decimal("0.01")), "z": row["z"]}
         expected = io.BytesIO()
         fastavro.schemaless_writer(expected, parsed, same)
-        assert bytes(fast) == expected.getvalue(), text
+        # the row is the envelope's `after`, after its union branch, before the tail
+        assert expected.getvalue() + b"\x00\x00" in encoder.encode_value(m), text
     for bad in ("1.505", "10000000000.00", "-10000000000", "1E+10"):
         with pytest.raises(UnrepresentableValueError, match="does not fit Avro decimal"):
             encoder.encode_value(
@@ -446,10 +444,9 @@ def test_fast_decimals_are_fastavros_own_decimal_bytes() -> None:
             )
 
 
-def test_fast_varints_are_fastavros_longs() -> None:
-    """Every varint length, both signs, bare and after a union branch byte."""
-    from pg2sink.changelog.avro import _long, _long_1
-
+def test_avro_long_and_string_are_fastavros() -> None:
+    """The hand-written long and string the C encoder is given: every varint length,
+    both signs; strings around the one-byte length."""
     values = {0, -1, 2**63 - 1, -(2**63)}
     for bits in range(63):
         for base in (
@@ -459,14 +456,13 @@ def test_fast_varints_are_fastavros_longs() -> None:
             0x2AAAAAAAAAAAAAAA >> (62 - bits),
         ):
             values |= {base, -base}
-    long_schema = fastavro.parse_schema(["null", "long"])
-    int_schema = fastavro.parse_schema(["null", "int"])
+    long_schema = fastavro.parse_schema("long")
     for n in sorted(values):
         expected = io.BytesIO()
         fastavro.schemaless_writer(expected, long_schema, n)
-        assert _long_1(n) == expected.getvalue(), n
-        assert _long(n) == expected.getvalue()[1:], n
-        if -(2**31) <= n < 2**31:
-            expected = io.BytesIO()
-            fastavro.schemaless_writer(expected, int_schema, n)
-            assert _long_1(n) == expected.getvalue(), n  # Avro int: the same varint
+        assert avro_long(n) == expected.getvalue(), n
+    string_schema = fastavro.parse_schema("string")
+    for text in _STRINGS:
+        expected = io.BytesIO()
+        fastavro.schemaless_writer(expected, string_schema, text)
+        assert avro_string(text) == expected.getvalue(), text
