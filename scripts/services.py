@@ -19,6 +19,13 @@ scripts/kafka/pom.xml and run as a single KRaft node (broker and controller
 in one process); the registry is Apicurio Registry's Quarkus distribution,
 whose Confluent-compatible API is at /apis/ccompat/v7. They need `java` (17+)
 and, for the first Kafka start, `mvn`.
+
+NATS is Debian's `nats-server` (installed by `make setup`) with JetStream on
+file storage. The Kinesis API is kinesalite, a Node.js server on LevelDB,
+installed once by `npm ci` from scripts/kinesalite/package-lock.json into the
+same cache and started on loopback by scripts/kinesalite/server.js; it needs
+`node` and `npm`. Both keep their data in their state directory across
+restarts.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import contextlib
 import fcntl
 import glob
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -143,6 +151,20 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
+def _log_has(log: Path, offset: int, marker: bytes) -> bool:
+    """Whether `marker` is in `log` past `offset` (what this start wrote)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            return marker in f.read()
+    except OSError:
+        return False
+
+
+def _log_size(log: Path) -> int:
+    return log.stat().st_size if log.exists() else 0
+
+
 @dataclass
 class Postgres:
     """A PostgreSQL cluster in `base` listening on 127.0.0.1:`port`."""
@@ -230,7 +252,7 @@ class Postgres:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-# --- Java services: Kafka and the schema registry -------------------------
+# --- Background servers: Kafka, the schema registry, NATS, kinesalite --------
 
 # Processes this interpreter started, kept so they can be reaped (and so that
 # Popen does not warn about a still-running child when an object goes away).
@@ -369,10 +391,14 @@ def _write_properties(path: Path, values: Mapping[str, str]) -> None:
 
 
 @dataclass
-class JavaService:
-    """A JVM server in `base` with `<name>.log` and `<name>.pid` there."""
+class Daemon:
+    """A server process in `base` with `<name>.log` and `<name>.pid` there.
 
-    name: ClassVar[str] = "java"
+    Subclasses say how to start it (`start`, through `_spawn`) and on which
+    ports it serves (`ports`).
+    """
+
+    name: ClassVar[str] = "daemon"
     ready_timeout: ClassVar[float] = 180.0
     stop_timeout: ClassVar[float] = 30.0
 
@@ -497,7 +523,7 @@ logger.state.level = WARN
 
 
 @dataclass
-class Kafka(JavaService):
+class Kafka(Daemon):
     """A single-node Kafka (KRaft, broker and controller in one JVM) in `base`.
 
     Clients connect to 127.0.0.1:`port`; the controller listens on
@@ -593,20 +619,16 @@ class Kafka(JavaService):
                 raise ServiceError(
                     f"kafka: formatting {self.data} failed:\n{res.stdout}{res.stderr}"
                 )
-        offset = self.log.stat().st_size if self.log.exists() else 0
-
-        def ready() -> bool:
-            with open(self.log, "rb") as f:
-                f.seek(offset)
-                started = b"Kafka Server started" in f.read()
-            return started and _port_open(self.port)
-
-        self._spawn(self._java_cmd(libs, "kafka.Kafka", str(props)), ready)
+        offset = _log_size(self.log)
+        self._spawn(
+            self._java_cmd(libs, "kafka.Kafka", str(props)),
+            lambda: _log_has(self.log, offset, b"Kafka Server started") and _port_open(self.port),
+        )
         return self
 
 
 @dataclass
-class SchemaRegistry(JavaService):
+class SchemaRegistry(Daemon):
     """Apicurio Registry on 127.0.0.1:`port`; `url` is its Confluent-compatible API.
 
     Storage is an H2 database file in `base`/data, so schemas and their ids
@@ -686,6 +708,192 @@ class SchemaRegistry(JavaService):
         return self
 
 
+# --- NATS with JetStream ------------------------------------------------------
+
+
+def _nats_server() -> str:
+    # Debian installs it in /usr/sbin, which is not on every user's PATH.
+    found = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin")
+    if not found:
+        raise ServiceError(
+            "nats: `nats-server` not found; install it (Debian: nats-server, `make setup`)"
+        )
+    return found
+
+
+@dataclass
+class NatsServer(Daemon):
+    """nats-server with JetStream on 127.0.0.1:`port`; streams are files in `base`/data.
+
+    The store survives restarts, so a test can stop the server mid-stream and
+    find its stream and messages again after the next start.
+    """
+
+    name: ClassVar[str] = "nats"
+    ready_timeout: ClassVar[float] = 30.0
+    stop_timeout: ClassVar[float] = 10.0
+
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return self.url
+
+    def ports(self) -> list[int]:
+        return [self.port]
+
+    def env(self) -> dict[str, str]:
+        return {"NATS_URL": self.url}
+
+    def command(self) -> list[str]:
+        return [
+            _nats_server(),
+            "--addr",
+            self.host,
+            "--port",
+            str(self.port),
+            "--jetstream",
+            "--store_dir",
+            str(self.base / "data"),
+            "--server_name",
+            f"pg2sink-{self.port}",
+        ]
+
+    def start(self) -> NatsServer:
+        """Start and wait until the server logs that it is ready (JetStream included)."""
+        if self.running():
+            return self
+        self._stop_stale()
+        self.base.mkdir(parents=True, exist_ok=True)
+        offset = _log_size(self.log)
+        self._spawn(
+            self.command(),
+            lambda: _log_has(self.log, offset, b"Server is ready") and _port_open(self.port),
+        )
+        return self
+
+
+# --- kinesalite: the Kinesis API on LevelDB -----------------------------------
+
+# Its version and its dependencies' are pinned by this package-lock.json; the
+# cache key is the lock's hash, so editing it installs anew.
+KINESALITE_LOCK = REPO / "scripts" / "kinesalite" / "package-lock.json"
+KINESALITE_SERVER = REPO / "scripts" / "kinesalite" / "server.js"
+
+#: What a Kinesis client needs besides the endpoint: kinesalite checks that a
+#: request is signed, not by whom, and accepts any region.
+KINESIS_CLIENT_ENV: dict[str, str] = {
+    "AWS_ACCESS_KEY_ID": "pg2sink",
+    "AWS_SECRET_ACCESS_KEY": "pg2sink",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def _node_program(program: str, service: str) -> str:
+    found = shutil.which(program)
+    if not found:
+        raise ServiceError(
+            f"{service}: `{program}` not found; install Node.js (Debian: nodejs npm, `make setup`)"
+        )
+    return found
+
+
+def kinesalite_module() -> Path:
+    """kinesalite's package directory, installed by `npm ci` from the committed lock once."""
+    key = hashlib.sha256(KINESALITE_LOCK.read_bytes()).hexdigest()[:12]
+    dest = CACHE_DIR / f"kinesalite-{key}"
+    module = dest / "node_modules" / "kinesalite"
+    if (dest / ".complete").exists():
+        return module
+    with _cache_lock("kinesalite"):
+        if (dest / ".complete").exists():
+            return module
+        npm = _node_program("npm", "kinesis")
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        for name in ("package.json", "package-lock.json"):
+            shutil.copy(KINESALITE_LOCK.parent / name, dest / name)
+        _say(f"kinesis: installing kinesalite with npm into {dest} (first run only)")
+        # --ignore-scripts: leveldown ships prebuilt binaries, found when it loads;
+        # its install script would only look for them again (or compile).
+        cmd = [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--omit=dev"]
+        res = subprocess.run(cmd, cwd=dest, capture_output=True, text=True, check=False)
+        if res.returncode != 0 or not (module / "package.json").exists():
+            out = "\n".join((res.stdout + res.stderr).splitlines()[-30:])
+            raise ServiceError(f"kinesis: npm could not install kinesalite:\n{out}")
+        (dest / ".complete").touch()
+    return module
+
+
+@dataclass
+class Kinesalite(Daemon):
+    """kinesalite, a Kinesis API server, on 127.0.0.1:`port` (`endpoint`).
+
+    Streams live in a LevelDB under `base`/data and survive restarts. A new
+    stream is CREATING for `stream_state_ms` before it turns ACTIVE, as on AWS
+    (where it takes seconds), so clients must wait for it; the account's shard
+    limit is high because every test makes streams of its own.
+    """
+
+    name: ClassVar[str] = "kinesis"
+    ready_timeout: ClassVar[float] = 60.0
+    stop_timeout: ClassVar[float] = 10.0
+
+    port: int
+    stream_state_ms: int = 100
+    shard_limit: int = 10000
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return self.endpoint
+
+    def ports(self) -> list[int]:
+        return [self.port]
+
+    def env(self) -> dict[str, str]:
+        return {"KINESIS_ENDPOINT": self.endpoint}
+
+    def options(self) -> dict[str, object]:
+        """kinesalite's options object (see its --help)."""
+        ms = self.stream_state_ms
+        return {
+            "path": str(self.base / "data"),
+            "createStreamMs": ms,
+            "deleteStreamMs": ms,
+            "updateStreamMs": ms,
+            "shardLimit": self.shard_limit,
+        }
+
+    def start(self) -> Kinesalite:
+        """Install kinesalite when needed, start it and wait until it listens."""
+        if self.running():
+            return self
+        self._stop_stale()
+        module = kinesalite_module()
+        self.base.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            _node_program("node", self.name),
+            str(KINESALITE_SERVER),
+            str(module),
+            str(self.port),
+            json.dumps(self.options()),
+        ]
+        offset = _log_size(self.log)
+        self._spawn(
+            cmd,
+            lambda: _log_has(self.log, offset, b"kinesalite listening") and _port_open(self.port),
+        )
+        return self
+
+
 def write_env(path: Path, values: Mapping[str, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"export {k}={shlex.quote(v)}" for k, v in values.items()]
@@ -743,10 +951,15 @@ def _make(name: str, directory: Path, ports: list[int]) -> Service:
         return Postgres(base=base, port=ports[0])
     if name == "kafka":
         return Kafka(base=base, port=ports[0], controller_port=ports[1])
+    if name == "nats":
+        return NatsServer(base=base, port=ports[0])
+    if name == "kinesis":
+        return Kinesalite(base=base, port=ports[0])
     return SchemaRegistry(base=base, port=ports[0])
 
 
-SERVICES: dict[str, int] = {"postgres": 1, "kafka": 2, "registry": 1}  # name -> ports
+# name -> ports
+SERVICES: dict[str, int] = {"postgres": 1, "kafka": 2, "registry": 1, "nats": 1, "kinesis": 1}
 
 
 def service_in(directory: Path, name: str, for_start: bool = False) -> Service:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system programs pg2sink's tests, demo and benchmarks run:
 # PostgreSQL server + client (initdb, pg_ctl, psql, pg_recvlogical), Java and
-# Maven (for Kafka and the schema registry), Prometheus and promtool (for the
+# Maven (for Kafka and the schema registry), nats-server (NATS with JetStream),
+# Node.js and npm (kinesalite, the local Kinesis API server), Prometheus and promtool (for the
 # observability tests), a C compiler and Python's headers (the Kafka sink's C
 # encoder) from Debian's packages. Does nothing when they are already there.
 set -euo pipefail
@@ -18,6 +19,13 @@ fi
 # resolves Kafka's jars from Maven Central on first start.
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need+=(maven)
+# The NATS sink's tests run a real nats-server with JetStream (Debian puts it in
+# /usr/sbin); kinesalite comes from the npm registry on its first start, run by node.
+if ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; then
+  need+=(nats-server)
+fi
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 # The observability tests run a real Prometheus and promtool (tests/observability).
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
   need+=(prometheus)
