@@ -310,3 +310,51 @@ def kafka_stack() -> Iterator[KafkaStack]:
 def topic_prefix() -> str:
     """A topic prefix no other test uses (topics and subjects outlive a test)."""
     return f"t{uuid.uuid4().hex[:10]}"
+
+
+# --- NATS with JetStream, and the Kinesis API (kinesalite) --------------------------------
+
+
+@contextlib.contextmanager
+def _env_or_own_server(
+    variable: str, make: Callable[[Path, int], services.NatsServer | services.Kinesalite]
+) -> Iterator[str]:
+    """The address in `variable` when set (`make services` writes it to .services/env),
+    else that of a server `make(base, port)` started in a temp directory until exit."""
+    address = os.environ.get(variable)
+    if address:
+        yield address
+        return
+    base = Path(tempfile.mkdtemp(prefix="pg2sink-services-"))
+    server = make(base, services.free_port())
+    try:
+        server.start()
+        yield server.address
+    finally:
+        server.stop()
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> Iterator[str]:
+    """`nats://127.0.0.1:PORT` of a nats-server with JetStream (file storage): NATS_URL
+    when set, else one started for the session. Streams outlive a test: name them and
+    their subjects after `topic_prefix`. A test that stops the server mid-stream starts
+    its own services.NatsServer (its store survives a restart on the same port)."""
+    with _env_or_own_server(
+        "NATS_URL", lambda base, port: services.NatsServer(base=base / "nats", port=port)
+    ) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def kinesis_endpoint() -> Iterator[str]:
+    """`http://127.0.0.1:PORT` of kinesalite, a Kinesis API server: KINESIS_ENDPOINT when
+    set, else one started for the session. Clients sign with any credentials and region
+    (services.KINESIS_CLIENT_ENV); a new stream is CREATING briefly before ACTIVE. Streams
+    outlive a test: name them after `topic_prefix`."""
+    with _env_or_own_server(
+        "KINESIS_ENDPOINT",
+        lambda base, port: services.Kinesalite(base=base / "kinesis", port=port),
+    ) as endpoint:
+        yield endpoint

@@ -1,13 +1,18 @@
-"""scripts/services.py starts a real Kafka broker and a real schema registry.
+"""scripts/services.py starts a real Kafka broker, a real schema registry,
+nats-server with JetStream and kinesalite (the Kinesis API).
 
-The slow tests start both (jars fetched from Maven Central into a cache on
-the first run) in a temporary directory, talk to the registry's
-Confluent-compatible API with the standard library and round-trip a message
-through the broker with confluent_kafka.
+The slow tests start Kafka and the registry (jars fetched from Maven Central
+into a cache on the first run) in a temporary directory, talk to the
+registry's Confluent-compatible API with the standard library and round-trip
+a message through the broker with confluent_kafka. The NATS and Kinesis tests
+take a second or two: they use the session's servers (tests/conftest.py:
+`nats_url`, `kinesis_endpoint`) with the clients the sinks use, nats-py and
+boto3, and start both through the script's CLI to see them survive a restart.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import tempfile
@@ -16,11 +21,19 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import boto3
 import confluent_kafka as ck
+import nats
 import pytest
 import services
+from botocore.exceptions import ClientError
+
+from tests.conftest import wait_for
+
+if TYPE_CHECKING:
+    from mypy_boto3_kinesis import KinesisClient
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
@@ -128,3 +141,150 @@ def test_cli_start_is_idempotent_and_stop_stops(
     for name in ("kafka", "registry"):
         svc = services.service_in(directory, name)
         assert not svc.running(), name
+
+
+# --- NATS with JetStream ----------------------------------------------------------------
+
+
+def test_nats_command_runs_jetstream_on_loopback() -> None:
+    server = services.NatsServer(base=Path("/srv/x/nats"), port=14222)
+    cmd = server.command()
+    assert "--jetstream" in cmd
+    assert cmd[cmd.index("--store_dir") + 1] == "/srv/x/nats/data"
+    assert cmd[cmd.index("--addr") + 1] == "127.0.0.1"
+    assert server.env() == {"NATS_URL": "nats://127.0.0.1:14222"}
+
+
+async def _publish_twice(url: str, stream: str) -> tuple[list[tuple[str, int, bool]], bytes]:
+    """Create `stream`, publish one message twice with the same Nats-Msg-Id; the acks
+    (stream, sequence, duplicate) and the stream's first message. Deletes the stream."""
+    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        js = nc.jetstream(timeout=5)
+        await js.add_stream(name=stream, subjects=[f"{stream}.>"])
+        try:
+            acks = []
+            for _ in range(2):
+                ack = await js.publish(
+                    f"{stream}.public.t", b"hello", headers={"Nats-Msg-Id": "0/1:1"}
+                )
+                acks.append((ack.stream, ack.seq, bool(ack.duplicate)))
+            stored = await js.get_msg(stream, 1)
+            assert stored.data is not None
+            return acks, stored.data
+        finally:
+            await js.delete_stream(stream)
+    finally:
+        await nc.close()
+
+
+def test_nats_jetstream_acks_and_deduplicates(nats_url: str, topic_prefix: str) -> None:
+    acks, data = asyncio.run(_publish_twice(nats_url, topic_prefix))
+    # the second publish is acknowledged as a duplicate of the first, not stored again
+    assert acks == [(topic_prefix, 1, False), (topic_prefix, 1, True)]
+    assert data == b"hello"
+
+
+# --- kinesalite -------------------------------------------------------------------------
+
+
+def kinesis_client(endpoint: str) -> KinesisClient:
+    env = services.KINESIS_CLIENT_ENV
+    return boto3.client(
+        "kinesis",
+        endpoint_url=endpoint,
+        region_name=env["AWS_DEFAULT_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
+def create_active_stream(client: KinesisClient, name: str) -> str:
+    """Create a one-shard stream, wait until it is ACTIVE; its shard id."""
+    client.create_stream(StreamName=name, ShardCount=1)
+
+    def active() -> bool:
+        summary = client.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]
+        return summary["StreamStatus"] == "ACTIVE"
+
+    wait_for(active, 10, f"stream {name} to be ACTIVE")
+    return client.list_shards(StreamName=name)["Shards"][0]["ShardId"]
+
+
+def read_shard(client: KinesisClient, name: str, shard: str) -> list[tuple[str, bytes]]:
+    """Every record of the shard from its start: (partition key, data)."""
+    iterator = client.get_shard_iterator(
+        StreamName=name, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
+    )["ShardIterator"]
+    records = client.get_records(ShardIterator=iterator)["Records"]
+    return [(r["PartitionKey"], r["Data"]) for r in records]
+
+
+def test_kinesalite_puts_and_gets_records(kinesis_endpoint: str, topic_prefix: str) -> None:
+    client = kinesis_client(kinesis_endpoint)
+    shard = create_active_stream(client, topic_prefix)
+    try:
+        sent = [("k1", b"a"), ("k2", b"b"), ("k1", b"c")]
+        res = client.put_records(
+            StreamName=topic_prefix, Records=[{"PartitionKey": k, "Data": d} for k, d in sent]
+        )
+        assert res["FailedRecordCount"] == 0
+        assert [r["ShardId"] for r in res["Records"]] == [shard] * 3
+        assert read_shard(client, topic_prefix, shard) == sent
+        # PutRecords' limit of 500 records a call holds here as on AWS
+        with pytest.raises(ClientError) as err:
+            client.put_records(
+                StreamName=topic_prefix, Records=[{"PartitionKey": "k", "Data": b"x"}] * 501
+            )
+        assert err.value.response["Error"]["Code"] == "ValidationException"
+    finally:
+        client.delete_stream(StreamName=topic_prefix)
+
+
+# --- both through the CLI, across a restart ---------------------------------------------
+
+
+async def _stream_messages(url: str, stream: str, publish: bool) -> int:
+    """Messages in `stream` (created, and one message published, when `publish`)."""
+    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        js = nc.jetstream(timeout=5)
+        if publish:
+            await js.add_stream(name=stream, subjects=[f"{stream}.>"])
+            await js.publish(f"{stream}.x", b"kept")
+        info = await js.stream_info(stream)
+        return info.state.messages
+    finally:
+        await nc.close()
+
+
+def test_cli_starts_nats_and_kinesis_and_their_data_survives_a_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "state"
+    names = ["nats", "kinesis"]
+    try:
+        assert services.main(["start", *names, "--dir", str(directory)]) == 0
+        env = services.read_env(directory / "env")
+        assert env["NATS_URL"].startswith("nats://127.0.0.1:")
+        assert env["KINESIS_ENDPOINT"].startswith("http://127.0.0.1:")
+        assert asyncio.run(_stream_messages(env["NATS_URL"], "kept", publish=True)) == 1
+        client = kinesis_client(env["KINESIS_ENDPOINT"])
+        shard = create_active_stream(client, "kept")
+        client.put_record(StreamName="kept", PartitionKey="k", Data=b"kept")
+
+        assert services.main(["stop", *names, "--dir", str(directory)]) == 0
+        assert not any(services.service_in(directory, n).running() for n in names)
+        capsys.readouterr()
+        assert services.main(["start", *names, "--dir", str(directory)]) == 0
+        assert services.read_env(directory / "env") == env  # the same ports again
+        out = capsys.readouterr().out
+        assert "nats: started" in out and "kinesis: started" in out
+
+        assert asyncio.run(_stream_messages(env["NATS_URL"], "kept", publish=False)) == 1
+        assert read_shard(kinesis_client(env["KINESIS_ENDPOINT"]), "kept", shard) == [
+            ("k", b"kept")
+        ]
+    finally:
+        assert services.main(["stop", "--dir", str(directory)]) == 0
+    assert not any(services.service_in(directory, n).running() for n in names)
