@@ -506,6 +506,33 @@ class Daemon:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+@dataclass
+class OnePortServer(Daemon):
+    """A Daemon on one port that clients reach at `url`, given them in `env()`."""
+
+    #: `url` is `<scheme>://127.0.0.1:<port><path>`
+    scheme: ClassVar[str] = "http"
+    path: ClassVar[str] = ""
+    #: the variable of .services/env that holds `url`
+    variable: ClassVar[str] = ""
+
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}{self.path}"
+
+    @property
+    def address(self) -> str:
+        return self.url
+
+    def ports(self) -> list[int]:
+        return [self.port]
+
+    def env(self) -> dict[str, str]:
+        return {self.variable: self.url}
+
+
 KAFKA_LOG4J = """\
 status = warn
 appender.out.type = Console
@@ -628,7 +655,7 @@ class Kafka(Daemon):
 
 
 @dataclass
-class SchemaRegistry(Daemon):
+class SchemaRegistry(OnePortServer):
     """Apicurio Registry on 127.0.0.1:`port`; `url` is its Confluent-compatible API.
 
     Storage is an H2 database file in `base`/data, so schemas and their ids
@@ -639,24 +666,11 @@ class SchemaRegistry(Daemon):
     """
 
     name: ClassVar[str] = "registry"
+    path: ClassVar[str] = "/apis/ccompat/v7"
+    variable: ClassVar[str] = "SCHEMA_REGISTRY_URL"
 
-    port: int
     heap: str = "512m"
     settings: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}/apis/ccompat/v7"
-
-    @property
-    def address(self) -> str:
-        return self.url
-
-    def ports(self) -> list[int]:
-        return [self.port]
-
-    def env(self) -> dict[str, str]:
-        return {"SCHEMA_REGISTRY_URL": self.url}
 
     def config(self) -> dict[str, str]:
         return {
@@ -722,7 +736,7 @@ def _nats_server() -> str:
 
 
 @dataclass
-class NatsServer(Daemon):
+class NatsServer(OnePortServer):
     """nats-server with JetStream on 127.0.0.1:`port`; streams are files in `base`/data.
 
     The store survives restarts, so a test can stop the server mid-stream and
@@ -730,24 +744,10 @@ class NatsServer(Daemon):
     """
 
     name: ClassVar[str] = "nats"
+    scheme: ClassVar[str] = "nats"
+    variable: ClassVar[str] = "NATS_URL"
     ready_timeout: ClassVar[float] = 30.0
     stop_timeout: ClassVar[float] = 10.0
-
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
-
-    @property
-    def address(self) -> str:
-        return self.url
-
-    def ports(self) -> list[int]:
-        return [self.port]
-
-    def env(self) -> dict[str, str]:
-        return {"NATS_URL": self.url}
 
     def command(self) -> list[str]:
         return [
@@ -830,8 +830,8 @@ def kinesalite_module() -> Path:
 
 
 @dataclass
-class Kinesalite(Daemon):
-    """kinesalite, a Kinesis API server, on 127.0.0.1:`port` (`endpoint`).
+class Kinesalite(OnePortServer):
+    """kinesalite, a Kinesis API server, on 127.0.0.1:`port` (`url`, the endpoint).
 
     Streams live in a LevelDB under `base`/data and survive restarts. A new
     stream is CREATING for `stream_state_ms` before it turns ACTIVE, as on AWS
@@ -840,26 +840,12 @@ class Kinesalite(Daemon):
     """
 
     name: ClassVar[str] = "kinesis"
+    variable: ClassVar[str] = "KINESIS_ENDPOINT"
     ready_timeout: ClassVar[float] = 60.0
     stop_timeout: ClassVar[float] = 10.0
 
-    port: int
     stream_state_ms: int = 100
     shard_limit: int = 10000
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def address(self) -> str:
-        return self.endpoint
-
-    def ports(self) -> list[int]:
-        return [self.port]
-
-    def env(self) -> dict[str, str]:
-        return {"KINESIS_ENDPOINT": self.endpoint}
 
     def options(self) -> dict[str, object]:
         """kinesalite's options object (see its --help)."""
