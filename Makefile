@@ -46,6 +46,9 @@ test: setup
 demo: setup
 	@bash scripts/demo.sh
 
+# PostgreSQL, Kafka, the schema registry, nats-server with JetStream and kinesalite (the
+# Kinesis API) on loopback, addresses in .services/env (docs/testing.md); `.venv/bin/python
+# scripts/services.py start nats kinesis` starts only those
 services: setup
 	@$(PY) scripts/services.py start
 
