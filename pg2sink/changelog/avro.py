@@ -20,7 +20,8 @@ how an Avro consumer tells them from a real NULL. The key of a message is the re
 same fields as the row record.
 
 Row values come from changelog.typemap as typed Python values. The conversion to what the
-Avro type stores is chosen per field from `_CONVERTERS` (type mapping as data), once per
+Avro type stores is chosen per field from `_CONVERTERS` by the field's value kind
+(changelog.codecs.KINDS, read back from the Avro type with `kind_of`), once per
 table, so a change only runs the precompiled list; fastavro then writes the primitives:
 
 | Avro type (logicalType)        | typed value                 | written as                      |
@@ -62,8 +63,9 @@ from typing import Any
 
 import fastavro
 
+from pg2sink.changelog.codecs import Kind, kind_of
+from pg2sink.changelog.pgvalues import PgArray, PgText
 from pg2sink.changelog.records import Modification, Truncation
-from pg2sink.changelog.typemap import PgArray, PgText
 from pg2sink.errors import SinkError
 from pg2sink.logical.messages import UNCHANGED_TOAST
 
@@ -306,33 +308,33 @@ def _as_is(avro: Mapping[str, Any]) -> Converter | None:
     return None
 
 
-# (Avro type, logicalType) -> converter factory; a factory returning None means "as is".
-_CONVERTERS: Mapping[tuple[str, str | None], Callable[[Mapping[str, Any]], Converter | None]] = {
-    ("boolean", None): _as_is,
-    ("int", None): _as_is,
-    ("long", None): _as_is,
-    ("bytes", None): _as_is,
-    ("string", None): lambda _: _to_string,
-    ("string", "uuid"): _as_is,
-    ("float", None): lambda _: _to_float,
-    ("double", None): lambda _: _to_float,
-    ("bytes", "decimal"): _decimal,
-    ("int", "date"): lambda _: _date_days,
-    ("long", "time-micros"): lambda _: _time_micros,
-    ("long", "local-timestamp-micros"): lambda _: _local_timestamp_micros,
-    ("long", "timestamp-micros"): lambda _: _timestamp_micros,
-    ("array", None): _array,
+# value kind (changelog.codecs.KINDS) -> converter factory; a factory returning None
+# means "as is". An unconstrained numeric (Decimal) and text share the string converter.
+_CONVERTERS: Mapping[Kind, Callable[[Mapping[str, Any]], Converter | None]] = {
+    Kind.BOOLEAN: _as_is,
+    Kind.INT: _as_is,
+    Kind.LONG: _as_is,
+    Kind.BYTES: _as_is,
+    Kind.TEXT: lambda _: _to_string,
+    Kind.NUMERIC: lambda _: _to_string,
+    Kind.UUID: _as_is,
+    Kind.FLOAT: lambda _: _to_float,
+    Kind.DOUBLE: lambda _: _to_float,
+    Kind.DECIMAL: _decimal,
+    Kind.DATE: lambda _: _date_days,
+    Kind.TIME: lambda _: _time_micros,
+    Kind.TIMESTAMP: lambda _: _local_timestamp_micros,
+    Kind.TIMESTAMPTZ: lambda _: _timestamp_micros,
+    Kind.ARRAY: _array,
 }
 
 
 def converter_for(avro: Any) -> Converter | None:
-    """The converter of values of Avro type `avro` (None: written as they are)."""
+    """The converter of values of Avro type `avro` (None: written as they are), by the
+    type's value kind; ValueError for a type no codec makes."""
     if isinstance(avro, str):
         avro = {"type": avro}
-    factory = _CONVERTERS.get((avro["type"], avro.get("logicalType")))
-    if factory is None:
-        raise ValueError(f"no Avro value converter for type {avro!r}")
-    return factory(avro)
+    return _CONVERTERS[kind_of(avro)](avro)
 
 
 def _primitive(schema: Any) -> Any:

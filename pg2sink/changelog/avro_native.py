@@ -26,13 +26,13 @@ bytes come straight from the text PostgreSQL sent in well under a microsecond (c
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime
-from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from pg2sink.changelog import _cmodule
 from pg2sink.changelog.avro import _EPOCH_UTC, TableEncoder, avro_string
+from pg2sink.changelog.codecs import KINDS, Kind, kind_of
 from pg2sink.changelog.records import Operation
 
 if TYPE_CHECKING:
@@ -49,53 +49,23 @@ _cmodule.check()
 _absence_logged = False
 
 
-class Kind(IntEnum):
-    """How the C code reads a column's text; the numbers are _avro_native.c's enum Kind."""
-
-    BOOLEAN = 1
-    INT = 2
-    LONG = 3
-    STRING = 4
-    BYTES = 5
-    FLOAT = 6
-    DOUBLE = 7
-    DECIMAL = 8
-    DATE = 9
-    TIME = 10
-    TIMESTAMP = 11
-    TIMESTAMPTZ = 12
-    NUMERIC = 13
-    ARRAY = 14
+#: element kinds an array column may have in C: array_out never escapes their elements.
+#: String elements (quoting, backslashes), bytea and anything nested stay on the Python path.
+_C_ARRAY_ITEMS = frozenset(KINDS) - {Kind.TEXT, Kind.UUID, Kind.NUMERIC, Kind.BYTES, Kind.ARRAY}
 
 
-# (Avro type, logicalType) of a field's non-null branch -> the C kind (type mapping as
-# data). Each Avro type comes from one text decoder in changelog.typemap, whose result the
-# C code reproduces: int() for int/long, the text itself for every string (text, varchar,
-# bpchar, name, json(b), uuid, enums, money, xid8, unconstrained numeric, whose
-# format(Decimal(text), "f") is numeric_out's text again), hex for bytea, float() for
-# float/double, Decimal for decimal, fromisoformat for the dates and times (see Kind.NUMERIC
-# for the unconstrained numeric). Arrays: see _union_kind.
-_KINDS: Mapping[tuple[object, object], Kind] = {
-    ("boolean", None): Kind.BOOLEAN,
-    ("int", None): Kind.INT,
-    ("long", None): Kind.LONG,
-    ("string", None): Kind.STRING,
-    ("string", "uuid"): Kind.STRING,
-    ("bytes", None): Kind.BYTES,
-    ("float", None): Kind.FLOAT,
-    ("double", None): Kind.DOUBLE,
-    ("bytes", "decimal"): Kind.DECIMAL,
-    ("int", "date"): Kind.DATE,
-    ("long", "time-micros"): Kind.TIME,
-    ("long", "local-timestamp-micros"): Kind.TIMESTAMP,
-    ("long", "timestamp-micros"): Kind.TIMESTAMPTZ,
-}
-
-
-def _union_kind(union: object) -> tuple[Kind, int, int, int] | None:
+def _union_kind(union: object) -> tuple[Kind, Kind | None, int, int] | None:
     """(kind, item kind, precision, scale) of a field's (or array item's) union, None if
-    the C code cannot write it."""
-    # typemap.nullable: ["null", T] or ["null", T, "string"]; T is branch 1 either way
+    the C code cannot write it.
+
+    The kinds are those of changelog.codecs.KINDS, whose `native` number is the C code's
+    enum Kind. Each kind's text is read as the Python path's decoder reads it: int() for
+    int/long, the text itself for text and uuid (text, varchar, bpchar, name, json(b),
+    enums, money, xid8...), checked to be numeric_out's for an unconstrained numeric (whose
+    format(Decimal(text), "f") is that text again), hex for bytea, float() for
+    float/double, Decimal for decimal, fromisoformat for the dates and times.
+    """
+    # rowschema.nullable: ["null", T] or ["null", T, "string"]; T is branch 1 either way
     if not (
         isinstance(union, list)
         and len(union) in (2, 3)
@@ -106,27 +76,21 @@ def _union_kind(union: object) -> tuple[Kind, int, int, int] | None:
     avro: dict[str, Any] = {"type": union[1]} if isinstance(union[1], str) else union[1]
     if not isinstance(avro, dict):
         return None
-    if avro.get("type") == "array":
+    try:
+        kind = kind_of(avro)
+    except ValueError:
+        return None
+    if kind is Kind.ARRAY:
         item = _union_kind(avro.get("items"))
-        # arrays of the types whose elements array_out never escapes; string elements
-        # (quoting, backslashes) and anything nested stay on the Python path
-        if item is None or item[0] in (Kind.STRING, Kind.NUMERIC, Kind.BYTES, Kind.ARRAY):
+        if item is None or item[0] not in _C_ARRAY_ITEMS:
             return None
         return Kind.ARRAY, item[0], item[2], item[3]
-    kind = _KINDS.get((avro.get("type"), avro.get("logicalType")))
-    if kind is None:
-        return None
-    if kind is Kind.STRING and avro.get("pg.type") == "numeric":
-        # unconstrained numeric: its text is checked to be numeric_out's, as the Python
-        # path's Decimal() would reject anything else. (A domain over it carries the
-        # domain's name here and passes its text as is: numeric_out's text either way.)
-        return Kind.NUMERIC, 0, 0, 0
     if kind is Kind.DECIMAL:
         precision, scale = int(avro["precision"]), int(avro.get("scale", 0))
         if scale < 0 or precision < 0:
             return None
-        return kind, 0, precision, scale
-    return kind, 0, 0, 0
+        return kind, None, precision, scale
+    return kind, None, 0, 0
 
 
 def _columns(
@@ -146,7 +110,11 @@ def _columns(
         column = _union_kind(field.get("type"))
         if column is None:
             return None
-        columns.append((*column, avro_string(field["name"])))
+        kind, item, precision, scale = column
+        item_native = KINDS[item].native if item is not None else 0
+        columns.append(
+            (KINDS[kind].native, item_native, precision, scale, avro_string(field["name"]))
+        )
     key: list[int] | None = None
     if encoder.key is not None:
         position = {f["pg.column"]: i for i, f in enumerate(fields)}

@@ -1,17 +1,15 @@
-"""PostgreSQL types → Avro types and text decoders, as data.
+"""PostgreSQL types → value kinds, Avro types and text decoders, as data.
 
-pgoutput sends each value as the text its type's output function prints, in a walsender
-session that pg2sink starts with DateStyle=ISO, IntervalStyle=iso_8601, TimeZone=UTC,
-extra_float_digits=3 and bytea_output=hex; the decoders below rely on those settings.
-`codec_for` picks, for a column's type and modifier, a `ValueCodec`: the Avro type of the
-value and the function that turns the text bytes into a Python value.
+`codec_for` picks, for a column's type and modifier, a `ValueCodec`: the value kind
+(changelog.codecs.KINDS, which gives the Avro type), the Avro type with its "pg.type",
+and the functions that turn the text bytes into a Python value or its JSON form.
 
 The choice is made by looking up tables, in this order:
 
 1. `_BUILTIN`: built-in types by pg_catalog typname;
 2. `_EXTENSION`: extension types by name, in whatever schema the extension lives;
 3. arrays (`PgType.element` set): an Avro array of the nullable element type;
-4. `_BY_KIND`: enums, domains, composites, ranges, multiranges;
+4. `_BY_TYPTYPE`: enums, domains, composites, ranges, multiranges;
 5. anything else: a string holding PostgreSQL's text form.
 
 Adding a type is adding a row to one of these tables, plus a test.
@@ -49,43 +47,41 @@ An unconstrained numeric is an Avro string but decodes to an exact Decimal: writ
 format(value, "f") in the string, which gives back PostgreSQL's digits (str() would write
 0.00000001 as 1E-8).
 
-Every Avro type carries a "pg.type" property with the PostgreSQL type (schema-qualified
-when not built in, with its modifier: 'numeric(10,2)', 'varchar(20)[]', 'public.mood'), so
-a consumer always sees what the column was.
-
-`PgText` marks values kept as PostgreSQL's text because Python has no exact counterpart:
-'NaN', 'Infinity', '-Infinity' (float and numeric), 'infinity' and '-infinity' (date,
-timestamp, timestamptz), dates and timestamps BC ('0044-03-15 BC') or after year 9999
-('12345-01-01'), time '24:00:00', and arrays with a lower bound other than 1
-('[0:1]={1,2}'). They are str, so the JSON encoder writes them as strings. The Avro
-encoder writes float(value) for float/double (IEEE has NaN and the infinities); for the
-other Avro types, which have no room for them, the row schema's union has a "string"
-branch (`nullable`) that takes the same text.
-
-Multi-dimensional arrays: PostgreSQL does not record the number of dimensions in the type
-(int4[] and int4[][] are the same type), so the Avro type describes one dimension while a
-2-D value decodes to a `PgArray`: a list of lists that also keeps PostgreSQL's text, which
-the Avro encoder writes in the "string" branch. docs/types.md is the user-facing table.
+The PgText and PgArray values, and the decoders, are in changelog.pgvalues; the row
+record built from the codecs in changelog.rowschema.
 """
 
 from __future__ import annotations
 
-import copy
-import re
-from binascii import a2b_hex, b2a_base64
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time
-from decimal import Decimal
 from typing import Any
-
-import orjson
 
 from pg2sink.catalog.types import PgType
 from pg2sink.changelog.arrays import parse_array
-from pg2sink.logical.fastpath import register_fixed, register_inline
+from pg2sink.changelog.codecs import KINDS, Kind, KindSpec, RowColumn, ValueCodec, kind_of
+from pg2sink.changelog.pgvalues import PgArray, PgText
+from pg2sink.changelog.pgvalues import _decode_bool as _decode_bool
+from pg2sink.changelog.pgvalues import _decode_bytea as _decode_bytea
+from pg2sink.changelog.pgvalues import _decode_date as _decode_date
+from pg2sink.changelog.pgvalues import _decode_float as _decode_float
+from pg2sink.changelog.pgvalues import _decode_numeric as _decode_numeric
+from pg2sink.changelog.pgvalues import _decode_text as _decode_text
+from pg2sink.changelog.pgvalues import _decode_time as _decode_time
+from pg2sink.changelog.pgvalues import _decode_timestamp as _decode_timestamp
+from pg2sink.changelog.pgvalues import _decode_timestamptz as _decode_timestamptz
+from pg2sink.changelog.pgvalues import _json_bytea as _json_bytea
+from pg2sink.changelog.pgvalues import _json_float as _json_float
+from pg2sink.changelog.pgvalues import _json_number as _json_number
+from pg2sink.changelog.rowschema import avro_name, avro_row_schema, nullable
 
+# The codec types, the row schema and the value classes are re-exported: callers take
+# the type mapping from this one module (the private decoders for the Arrow line builder
+# and the fast reader's tests, which key on them).
 __all__ = [
+    "KINDS",
+    "Kind",
+    "KindSpec",
     "PgArray",
     "PgText",
     "RowColumn",
@@ -93,203 +89,9 @@ __all__ = [
     "avro_name",
     "avro_row_schema",
     "codec_for",
+    "kind_of",
     "nullable",
 ]
-
-
-class PgText(str):
-    """A value kept in PostgreSQL's text form: no Python/JSON type holds it exactly."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return f"PgText({str.__repr__(self)})"
-
-
-class PgArray(list[object]):
-    """A multi-dimensional array value: nested lists, plus PostgreSQL's text of the array.
-
-    JSON writes it as the nested lists (orjson writes list subclasses as lists). An Avro
-    array type has one dimension, so the Avro encoder writes `text` instead, in the
-    "string" branch of the field (see `nullable`).
-    """
-
-    __slots__ = ("text",)
-
-    def __init__(self, items: list[object], text: str) -> None:
-        super().__init__(items)
-        self.text = text
-
-
-@dataclass(frozen=True, slots=True)
-class ValueCodec:
-    """How to represent the values of one column type."""
-
-    avro: Any
-    """The Avro type of a non-null value (a dict with a "pg.type" property)."""
-    decode: Callable[[bytes], object]
-    """Text output bytes → Python value."""
-    pg_type: str
-    """The PostgreSQL type, with modifiers: 'numeric(10,2)', 'varchar(20)', 'int4[]'."""
-    to_json: Callable[[bytes], object]
-    """Text output bytes → a value `jsonenc.dumps` writes exactly as it writes `decode`'s
-    result, made without building the Python value where that is cheaper (see "JSON
-    fast path"); for most types it is `decode` itself."""
-
-
-@dataclass(frozen=True, slots=True)
-class RowColumn:
-    """One column of a table, as `avro_row_schema` needs it."""
-
-    name: str
-    codec: ValueCodec
-    is_key: bool
-
-
-# --- decoders: text bytes → value. They run for every value, so they stay small. ---
-
-_decode_text: Callable[[bytes], object] = bytes.decode
-
-# boolout prints 't' or 'f'; anything else raises KeyError, which RowDecoder reports.
-_decode_bool: Callable[[bytes], object] = {b"t": True, b"f": False}.__getitem__
-
-
-def _decode_float(text: bytes) -> object:
-    value = float(text)
-    # x - x is 0.0 for every finite float and NaN for NaN and the infinities
-    if value - value == 0.0:
-        return value
-    return PgText(text.decode())
-
-
-def _decode_numeric(text: bytes) -> object:
-    value = Decimal(text.decode())
-    if value.is_finite():
-        return value
-    return PgText(text.decode())
-
-
-def _decode_bytea(text: bytes) -> object:
-    # bytea_output=hex: '\x' then two hex digits per byte
-    if text[:2] != b"\\x":
-        raise ValueError("bytea value not in hex format")
-    return a2b_hex(text[2:])
-
-
-def _beyond_python(text: bytes, parse: Callable[[str], object]) -> PgText:
-    """Date/time text Python cannot represent (infinity, BC, year > 9999) as a PgText.
-
-    The rest of the value is still checked with `parse` (under a stand-in year 2000, a leap
-    year), so malformed text raises ValueError instead of slipping through.
-    """
-    value = text.decode()
-    if value in ("infinity", "-infinity"):
-        return PgText(value)
-    bc = value.endswith(" BC")
-    year, dash, rest = (value[:-3] if bc else value).partition("-")
-    if dash and year.isdigit() and (bc or len(year) > 4):
-        parse("2000-" + rest)
-        return PgText(value)
-    raise ValueError(f"invalid date/time value {value!r}")
-
-
-def _decode_date(text: bytes) -> object:
-    try:
-        return date.fromisoformat(text.decode())
-    except ValueError:
-        return _beyond_python(text, date.fromisoformat)
-
-
-def _decode_time(text: bytes) -> object:
-    try:
-        return time.fromisoformat(text.decode())
-    except ValueError:
-        # PostgreSQL's time range ends at 24:00:00 inclusive, Python's at 23:59:59.999999
-        if text == b"24:00:00":
-            return PgText("24:00:00")
-        raise
-
-
-def _decode_timestamp(text: bytes) -> object:
-    try:
-        return datetime.fromisoformat(text.decode())
-    except ValueError:
-        return _beyond_python(text, datetime.fromisoformat)
-
-
-def _decode_timestamptz(text: bytes) -> object:
-    try:
-        value = datetime.fromisoformat(text.decode())
-    except ValueError:
-        return _beyond_python(text, datetime.fromisoformat)
-    # With TimeZone=UTC the offset is always +00, which fromisoformat maps to UTC itself.
-    if value.tzinfo is UTC:
-        return value
-    if value.tzinfo is None:
-        raise ValueError("timestamptz value without a UTC offset")
-    return value.astimezone(UTC)
-
-
-# --- JSON fast path: text bytes → what jsonenc writes, without the Python value ---
-#
-# The file sink only needs JSON. For the hottest types the text PostgreSQL printed is
-# already the JSON: a number's digits go out as a raw JSON fragment instead of a Decimal
-# that the encoder's fallback must format again, and bytea goes straight to base64.
-# Dates and timestamps keep their typed decoders: fromisoformat plus orjson's native
-# datetime writer beat any string reshaping in Python (measured). Tests check that both
-# paths give the same JSON.
-
-_LAST_DIGIT = ord("9")
-
-
-def _json_number(text: bytes) -> object:
-    # numeric_out and float8out print plain JSON-compatible numbers ('-12.50', '1e+20');
-    # only NaN and the infinities end in a letter.
-    if text and text[-1] <= _LAST_DIGIT:
-        return orjson.Fragment(text)
-    return PgText(text.decode())
-
-
-def _json_float(text: bytes) -> object:
-    # float8out prints negative zero as '-0', which most JSON readers (Python's json,
-    # Jackson) take for the integer 0: '-0.0' keeps the sign, as the decode path writes it.
-    if text == b"-0":
-        return orjson.Fragment(b"-0.0")
-    return _json_number(text)
-
-
-def _decline() -> object:
-    raise ValueError("not the common case: let the full converter decide")
-
-
-# The same conversions written out for logical.fastpath's row readers, which then make
-# no call per value. Each gives the converter's result for the common case and raises
-# otherwise (the converter then runs and handles infinity, BC, NaN, ...).
-register_inline(
-    _json_number,
-    "_jn_fragment(v) if (v := {})[-1] < 58 else _jn_decline()",
-    _jn_fragment=orjson.Fragment,
-    _jn_decline=_decline,
-)
-register_inline(
-    _json_float,
-    "_jf_fragment(v if v != b'-0' else b'-0.0') if (v := {})[-1] < 58 else _jf_decline()",
-    _jf_fragment=orjson.Fragment,
-    _jf_decline=_decline,
-)
-register_inline(
-    _decode_timestamptz,
-    "_tz_fromiso(v.decode()) if (v := {})[-3:] == b'+00' else _tz_decline()",
-    _tz_fromiso=datetime.fromisoformat,
-    _tz_decline=_decline,
-)
-register_inline(_decode_timestamp, "_ts_fromiso({}.decode())", _ts_fromiso=datetime.fromisoformat)
-register_inline(_decode_date, "_d_fromiso({}.decode())", _d_fromiso=date.fromisoformat)
-register_fixed(_decode_bool, {b"t": True, b"f": False})
-
-
-def _json_bytea(text: bytes) -> object:
-    return b2a_base64(_decode_bytea(text), newline=False).decode("ascii")  # type: ignore[arg-type]
 
 
 # --- type modifiers (atttypmod) as format_type() prints them ---
@@ -343,11 +145,12 @@ def _interval_modifier(typmod: int) -> str:
     return fields if precision == 0xFFFF else f"{fields}({precision})"
 
 
-# --- Avro types that depend on the modifier ---
+# --- kinds that depend on the modifier ---
 
 
-def _numeric_avro(typmod: int) -> dict[str, Any] | None:
-    """numeric(p,s) → Avro decimal; None for an unconstrained numeric (kept as a string).
+def _numeric_kind(typmod: int) -> tuple[Kind, dict[str, Any]] | None:
+    """numeric(p,s) → the decimal kind and its Avro decimal; None for an unconstrained
+    numeric (the numeric kind, an Avro string).
 
     Avro wants 0 <= scale <= precision
     (https://avro.apache.org/docs/1.11.1/specification/#decimal). PostgreSQL 15 also allows
@@ -362,7 +165,7 @@ def _numeric_avro(typmod: int) -> dict[str, Any] | None:
         precision, scale = precision - scale, 0
     elif scale > precision:
         precision = scale
-    return {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}
+    return Kind.DECIMAL, {**KINDS[Kind.DECIMAL].avro, "precision": precision, "scale": scale}
 
 
 # --- the tables ---
@@ -370,64 +173,56 @@ def _numeric_avro(typmod: int) -> dict[str, Any] | None:
 
 @dataclass(frozen=True, slots=True)
 class _Row:
-    """One mapping: the Avro type (without pg.type) and the decoder of a type."""
+    """One mapping: the value kind (which gives the Avro type) and the decoder of a type."""
 
-    avro: Mapping[str, Any]
+    kind: Kind
     decode: Callable[[bytes], object]
     modifier: Callable[[int], str] | None = None
     """Formats a typmod >= 0 for pg.type, e.g. 24 → '(20)' for varchar."""
-    avro_for_typmod: Callable[[int], dict[str, Any] | None] | None = None
-    """An Avro type that depends on the typmod, overriding `avro` unless it returns None."""
+    typmod_kind: Callable[[int], tuple[Kind, dict[str, Any]] | None] | None = None
+    """A kind and Avro type that depend on the typmod, overriding `kind` unless it
+    returns None (numeric(p,s))."""
     to_json: Callable[[bytes], object] | None = None
     """JSON fast path (None: `decode` serves JSON as well)."""
 
 
-_STRING: Mapping[str, Any] = {"type": "string"}
-_TEXT = _Row(_STRING, _decode_text)
-_LONG = _Row({"type": "long"}, int)
+_TEXT = _Row(Kind.TEXT, _decode_text)
+_LONG = _Row(Kind.LONG, int)
 
 # Built-in types by typname (pg_catalog only). Types not listed are strings with their
 # text form, except arrays, which the array rule handles.
 _BUILTIN: Mapping[str, _Row] = {
-    "bool": _Row({"type": "boolean"}, _decode_bool),
-    "int2": _Row({"type": "int"}, int),
-    "int4": _Row({"type": "int"}, int),
+    "bool": _Row(Kind.BOOLEAN, _decode_bool),
+    "int2": _Row(Kind.INT, int),
+    "int4": _Row(Kind.INT, int),
     "int8": _LONG,
     "oid": _LONG,
     "xid": _LONG,
     "cid": _LONG,
     # xid8 is a uint64 whose input accepts up to 2^64 - 1: that can overflow an Avro long.
     "xid8": _TEXT,
-    "float4": _Row({"type": "float"}, _decode_float, to_json=_json_float),
-    "float8": _Row({"type": "double"}, _decode_float, to_json=_json_float),
+    "float4": _Row(Kind.FLOAT, _decode_float, to_json=_json_float),
+    "float8": _Row(Kind.DOUBLE, _decode_float, to_json=_json_float),
     "numeric": _Row(
-        _STRING, _decode_numeric, _numeric_modifier, _numeric_avro, to_json=_json_number
+        Kind.NUMERIC, _decode_numeric, _numeric_modifier, _numeric_kind, to_json=_json_number
     ),
     # money's text depends on lc_monetary ('$1,234.56'): no safe way back to a number.
     "money": _TEXT,
     "text": _TEXT,
-    "varchar": _Row(_STRING, _decode_text, _length_modifier),
-    "bpchar": _Row(_STRING, _decode_text, _length_modifier),
+    "varchar": _Row(Kind.TEXT, _decode_text, _length_modifier),
+    "bpchar": _Row(Kind.TEXT, _decode_text, _length_modifier),
     "name": _TEXT,
-    "bytea": _Row({"type": "bytes"}, _decode_bytea, to_json=_json_bytea),
-    "uuid": _Row({"type": "string", "logicalType": "uuid"}, _decode_text),
-    "date": _Row({"type": "int", "logicalType": "date"}, _decode_date),
-    "time": _Row({"type": "long", "logicalType": "time-micros"}, _decode_time, _plain_modifier),
-    "timestamp": _Row(
-        {"type": "long", "logicalType": "local-timestamp-micros"},
-        _decode_timestamp,
-        _plain_modifier,
-    ),
-    "timestamptz": _Row(
-        {"type": "long", "logicalType": "timestamp-micros"},
-        _decode_timestamptz,
-        _plain_modifier,
-    ),
+    "bytea": _Row(Kind.BYTES, _decode_bytea, to_json=_json_bytea),
+    "uuid": _Row(Kind.UUID, _decode_text),
+    "date": _Row(Kind.DATE, _decode_date),
+    "time": _Row(Kind.TIME, _decode_time, _plain_modifier),
+    "timestamp": _Row(Kind.TIMESTAMP, _decode_timestamp, _plain_modifier),
+    "timestamptz": _Row(Kind.TIMESTAMPTZ, _decode_timestamptz, _plain_modifier),
     # strings, listed only for the modifier in pg.type
-    "timetz": _Row(_STRING, _decode_text, _plain_modifier),
-    "interval": _Row(_STRING, _decode_text, _interval_modifier),
-    "bit": _Row(_STRING, _decode_text, _plain_modifier),
-    "varbit": _Row(_STRING, _decode_text, _plain_modifier),
+    "timetz": _Row(Kind.TEXT, _decode_text, _plain_modifier),
+    "interval": _Row(Kind.TEXT, _decode_text, _interval_modifier),
+    "bit": _Row(Kind.TEXT, _decode_text, _plain_modifier),
+    "varbit": _Row(Kind.TEXT, _decode_text, _plain_modifier),
 }
 
 # Extension types by typname, in any schema (CREATE EXTENSION ... SCHEMA x puts them in x).
@@ -440,17 +235,16 @@ def _row_codec(row: _Row, t: PgType, typmod: int) -> ValueCodec:
     pg_type = t.display_name
     if row.modifier is not None and typmod >= 0:
         pg_type += row.modifier(typmod)
-    avro = row.avro_for_typmod(typmod) if row.avro_for_typmod is not None else None
-    if avro is None:
-        avro = dict(row.avro)
+    kind, avro = row.kind, dict(KINDS[row.kind].avro)
+    if row.typmod_kind is not None:
+        kind, avro = row.typmod_kind(typmod) or (kind, avro)
     avro["pg.type"] = pg_type
-    return ValueCodec(avro, row.decode, pg_type, row.to_json or row.decode)
+    return ValueCodec(avro, row.decode, pg_type, row.to_json or row.decode, kind)
 
 
 def _text_codec(t: PgType, typmod: int) -> ValueCodec:
-    return ValueCodec(
-        {"type": "string", "pg.type": t.display_name}, _decode_text, t.display_name, _decode_text
-    )
+    avro = {**KINDS[Kind.TEXT].avro, "pg.type": t.display_name}
+    return ValueCodec(avro, _decode_text, t.display_name, _decode_text, Kind.TEXT)
 
 
 def _enum_codec(t: PgType, typmod: int) -> ValueCodec:
@@ -468,7 +262,7 @@ def _domain_codec(t: PgType, typmod: int) -> ValueCodec:
     base = codec_for(t.base, t.base_typmod if t.base_typmod >= 0 else typmod)
     avro = dict(base.avro)
     avro["pg.type"] = t.display_name
-    return ValueCodec(avro, base.decode, t.display_name, base.to_json)
+    return ValueCodec(avro, base.decode, t.display_name, base.to_json, base.kind)
 
 
 def _array_codec(t: PgType, typmod: int) -> ValueCodec:
@@ -498,12 +292,12 @@ def _array_codec(t: PgType, typmod: int) -> ValueCodec:
         return value
 
     pg_type = element.pg_type + "[]"
-    avro = {"type": "array", "items": nullable(element.avro), "pg.type": pg_type}
-    return ValueCodec(avro, decode, pg_type, to_json)
+    avro = {**KINDS[Kind.ARRAY].avro, "items": nullable(element.avro), "pg.type": pg_type}
+    return ValueCodec(avro, decode, pg_type, to_json, Kind.ARRAY)
 
 
 # By typtype, for types that are not built in.
-_BY_KIND: Mapping[str, Callable[[PgType, int], ValueCodec]] = {
+_BY_TYPTYPE: Mapping[str, Callable[[PgType, int], ValueCodec]] = {
     "e": _enum_codec,
     "d": _domain_codec,
     "c": _text_codec,  # composite: '(1,"a b")'
@@ -524,101 +318,4 @@ def codec_for(t: PgType, typmod: int) -> ValueCodec:
         return _row_codec(row, t, typmod)
     if t.element is not None:
         return _array_codec(t, typmod)
-    return _BY_KIND.get(t.kind, _text_codec)(t, typmod)
-
-
-# --- the Avro schema of a row ---
-
-# Avro types whose domain is narrower than that of the PostgreSQL types mapped to them:
-# infinity, BC and after-9999 dates and timestamps, time '24:00:00', NaN in numeric(p,s),
-# arrays with more than one dimension or with lower bounds other than 1. A field (or array
-# item) of one of these types is the union ["null", T, "string"], and such a value goes in
-# the "string" branch as PostgreSQL's text: the same string the JSON encoder writes for it
-# (a PgText), so a consumer detects it by its type. docs/types.md lists every case.
-_NARROWER_THAN_POSTGRESQL: frozenset[tuple[str, str | None]] = frozenset(
-    {
-        ("int", "date"),
-        ("long", "time-micros"),
-        ("long", "local-timestamp-micros"),
-        ("long", "timestamp-micros"),
-        ("bytes", "decimal"),
-        ("array", None),
-    }
-)
-
-
-def nullable(avro: Mapping[str, Any]) -> list[Any]:
-    """The union a column (or array item) of Avro type `avro` has: null first, then the
-    type, then "string" for the PostgreSQL text of values the type cannot hold."""
-    if (avro["type"], avro.get("logicalType")) in _NARROWER_THAN_POSTGRESQL:
-        return ["null", avro, "string"]
-    return ["null", avro]
-
-
-_NOT_IN_AVRO_NAME = re.compile(r"[^A-Za-z0-9_]")
-
-
-def avro_name(identifier: str) -> str:
-    """A PostgreSQL identifier as an Avro name ([A-Za-z_][A-Za-z0-9_]*).
-
-    Every character outside [A-Za-z0-9_] becomes '_' (one per code point), and a leading
-    digit (or an empty name) gets a '_' in front: 'order id' → 'order_id', '1st' → '_1st',
-    'größe' → 'gr__e'. Not injective: `avro_row_schema` makes field names unique.
-    """
-    name = _NOT_IN_AVRO_NAME.sub("_", identifier)
-    if not name or name[0].isdigit():
-        name = "_" + name
-    return name
-
-
-def avro_row_schema(
-    namespace: str,
-    table: str,
-    columns: Sequence[RowColumn],
-    *,
-    name: str = "value",
-    primary_key: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """The Avro record of a row of `namespace`.`table`, one nullable field per column.
-
-    Field names are the sanitised column names (`avro_name`); when two columns sanitise to
-    the same name the later one gets '_2' (or '_3' ...), so a name depends only on the
-    columns before it and new columns (which PostgreSQL adds at the end) never rename
-    existing fields. The original names stay in "pg.column", "pg.namespace", "pg.table"
-    and "pg.primary_key". The same input always gives an equal dict, so comparing two
-    schemas tells whether the table changed. `name` is the record name: 'value' for the
-    row, e.g. 'key' for a record of just the key columns. `primary_key` gives the key
-    columns in key order for "pg.primary_key" (a composite key's order matters to
-    consumers); without it, the key columns are listed in table order.
-    """
-    used: set[str] = set()
-    fields: list[dict[str, Any]] = []
-    for column in columns:
-        base = avro_name(column.name)
-        field_name, suffix = base, 2
-        while field_name in used:
-            field_name, suffix = f"{base}_{suffix}", suffix + 1
-        used.add(field_name)
-        fields.append(
-            {
-                "name": field_name,
-                # copied so that the schema shares no mutable state with the codec
-                "type": nullable(copy.deepcopy(column.codec.avro)),
-                "default": None,
-                "pg.column": column.name,
-                "pg.key": column.is_key,
-            }
-        )
-    return {
-        "type": "record",
-        "name": name,
-        "namespace": avro_name(namespace) + "." + avro_name(table),
-        "fields": fields,
-        "pg.namespace": namespace,
-        "pg.table": table,
-        "pg.primary_key": (
-            list(primary_key)
-            if primary_key is not None
-            else [column.name for column in columns if column.is_key]
-        ),
-    }
+    return _BY_TYPTYPE.get(t.kind, _text_codec)(t, typmod)
