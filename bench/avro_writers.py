@@ -7,11 +7,13 @@ with every Avro type of the mapping, with each writer the package has:
 - `reference`: the Python reference, TableEncoder's converters then fastavro
   (`TableEncoder.encode_value` / `encode_key`);
 - `compiled`: the exec-compiled row writer, when this checkout still has one
-  (`TableEncoder` with `_fast_row`; session 5 measured it and removed it);
+  (`TableEncoder` with `_fast_row`; session 5 measured it and removed it: run this
+  file from a worktree of 4c68a15 to see it);
 - `c`: the C encoder (changelog.avro_native), from the raw pgoutput Insert message to
   the key and value with their wire headers, decoding included.
 
-For the Python writers it also times the whole Python path of one Insert the way the
+It also times the value of a DELETE (key columns only), which takes the Python writer
+whatever PG2SINK_IMPL says, and the whole Python path of one Insert the way the
 Kafka sink runs it without the C encoder: the fast row reader (bytes -> typed dict),
 the Modification, then value and key. Each figure is the best of `--repeat` timeit runs
 of `--number` records, which a busy machine disturbs least.
@@ -109,6 +111,12 @@ def bench_table(
     assert row is not None, "the fast reader declined the benchmark's row"
     m = Modification(T, 3, 0x16B3F48, 1234567, Operation.INSERT, "public", label, None, row)
 
+    # a DELETE under REPLICA IDENTITY DEFAULT: the key columns only; the C encoder never
+    # writes one (it handles an Insert's or Update's new row)
+    delete = Modification(
+        T, 4, 0x16B3F48, 1234567, Operation.DELETE, "public", label, {c: row[c] for c in key}, None
+    )
+
     n, r = args.number, args.repeat
     figures: dict[str, float] = {}
     compiled = getattr(encoder, "_fast_row", None) is not None
@@ -117,8 +125,15 @@ def bench_table(
         # this checkout still has the exec-compiled writer: encode_value takes it first
         figures["compiled: value"] = _best(lambda: encoder.encode_value(m, HEADER), n, r)
         figures["reference: value"] = _best(lambda: HEADER + generic(m), n, r)
+        figures["compiled: DELETE value"] = _best(
+            lambda: encoder.encode_value(delete, HEADER), n, r
+        )
+        figures["reference: DELETE value"] = _best(lambda: HEADER + generic(delete), n, r)
     else:
         figures["reference: value"] = _best(lambda: encoder.encode_value(m, HEADER), n, r)
+        figures["reference: DELETE value"] = _best(
+            lambda: encoder.encode_value(delete, HEADER), n, r
+        )
     figures["python writer: key"] = _best(lambda: encoder.encode_key(row, HEADER), n, r)
 
     def python_path() -> tuple[bytes | None, bytes]:
