@@ -69,12 +69,16 @@ from common import (
 )
 from psycopg import sql
 
-from pg2sink.config import KafkaConfig, SecretDsn
+from pg2sink.config import SecretDsn
 from pg2sink.imports import jobs
 from pg2sink.imports.migrate import apply_migrations
 from pg2sink.imports.plan import plan_import
 from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot
-from pg2sink.imports.spark import ImportSinkConfig, ImportTask, SparkRunner, target_partitions
+from pg2sink.imports.spark import ImportTask, SparkRunner, target_partitions
+from pg2sink.sinks.base import ImportTarget
+from pg2sink.sinks.file.imports import FileImportTarget
+from pg2sink.sinks.kafka.config import KafkaConfig
+from pg2sink.sinks.kafka.imports import KafkaImportTarget
 
 TABLE = "bench"
 INTERNAL = "pg2sink"
@@ -185,7 +189,7 @@ def run_copy(psql: str, dsn: str, rows: int) -> Run:
 def run_import(
     runner: SparkRunner,
     dsn: str,
-    sink: ImportSinkConfig,
+    sink: ImportTarget,
     partitions: int,
     name: str,
 ) -> Run:
@@ -255,9 +259,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             print(f"{step}: COPY {copy.seconds:.2f}s", flush=True)
             if use_file:
                 out = tmp / f"import_{run}.jsonl"
-                r = run_import(
-                    runner, dsn, ImportSinkConfig("file", str(out)), args.partitions, "file"
-                )
+                r = run_import(runner, dsn, FileImportTarget(str(out)), args.partitions, "file")
                 mods, _lines = count_modifications(out)
                 if mods != args.rows:
                     raise BenchError(f"{out} holds {mods} Modification lines, not {args.rows}")
@@ -275,9 +277,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     schema_registry_url=kafka.registry_url,
                     topic_prefix=prefix,
                 )
-                r = run_import(
-                    runner, dsn, ImportSinkConfig("kafka", kafka=cfg), args.partitions, "kafka"
-                )
+                r = run_import(runner, dsn, KafkaImportTarget(cfg), args.partitions, "kafka")
                 topic = f"{prefix}.public.{TABLE}"
                 n = topic_message_count(kafka.bootstrap_servers, topic)
                 if n != args.rows:

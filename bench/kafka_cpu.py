@@ -38,8 +38,8 @@ import services  # noqa: E402
 from callgrind_stream import RecordedCatalog, replay_frames  # noqa: E402
 from common import cpu_seconds, start_kafka  # noqa: E402
 
-from pg2sink.config import KafkaConfig  # noqa: E402
-from pg2sink.sinks.kafka import KafkaSink  # noqa: E402
+from pg2sink.sinks.kafka.config import KafkaConfig  # noqa: E402
+from pg2sink.sinks.kafka.sink import KafkaSink  # noqa: E402
 
 
 def replay_round(

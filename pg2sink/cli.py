@@ -22,8 +22,9 @@ from typing import Any
 
 from pg2sink import __version__, logs, options
 from pg2sink.changelog import _cmodule
-from pg2sink.config import Group, KafkaConfig, LogConfig, SourceConfig, StreamConfig
+from pg2sink.config import Group, LogConfig, SourceConfig, StreamConfig
 from pg2sink.errors import ConfigError, Pg2SinkError
+from pg2sink.sinks import registry
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +75,17 @@ _NAMED_SOURCE = options.options_of(
     SourceConfig, groups=[Group.SOURCE], omit=["tables", "exclude_tables"]
 )
 _LOGGING = options.options_of(LogConfig)
-#: every option of `pg2sink stream`
+#: every option of `pg2sink stream`: each sink's come from its registry entry
 _STREAM = [
     *options.options_of(SourceConfig),
     *options.options_of(StreamConfig),
-    *options.options_of(KafkaConfig),
+    *(opt for e in registry.SINKS if e.config is not None for opt in options.options_of(e.config)),
     *_LOGGING,
+]
+#: `pg2sink stream --help`'s groups: the sinks' right after --sink's own
+_SINK_GROUPS = [e.group for e in registry.SINKS if e.group is not None]
+_STREAM_GROUPS = [
+    g for group in Group for g in ([group, *_SINK_GROUPS] if group is Group.SINK else [group])
 ]
 
 
@@ -103,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "holds when it joins are imported (Spark) as IMPORT records, consistently with the "
         "stream (docs/imports.md; --no-imports to stream only).",
     )
-    options.add_options(stream, _STREAM, list(Group))
+    options.add_options(stream, _STREAM, _STREAM_GROUPS)
     _add_source_commands(sub)
     return parser
 
@@ -165,16 +171,19 @@ def _source_config(args: argparse.Namespace) -> SourceConfig:
     return config
 
 
-def _kafka_config(args: argparse.Namespace) -> KafkaConfig:
-    """The Kafka sink's settings; ConfigError for what can be checked without a broker."""
+def _sink_config(args: argparse.Namespace) -> object | None:
+    """The chosen sink's settings (the file sink's with --decode-only, which prints to
+    --file-path); ConfigError for what can be checked without its server."""
+    name = "file" if args.decode_only else (args.sink or StreamConfig.sink)
+    entry = registry.entry(name)
+    if entry.config is None:
+        return None
     # build() registers the secrets of each value as it makes it, so that no error
     # below can show them
-    cfg: KafkaConfig = options.build(KafkaConfig, args)
-    if not cfg.bootstrap_servers and "bootstrap.servers" not in cfg.producer:
-        raise ConfigError("--sink=kafka needs --kafka-bootstrap-servers")
-    if cfg.format == "avro" and not cfg.schema_registry_url:
-        raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")
-    return cfg
+    config: object = options.build(entry.config, args)
+    if isinstance(config, registry.Checked):
+        config.check()
+    return config
 
 
 def _stream_config(args: argparse.Namespace) -> StreamConfig:
@@ -182,8 +191,9 @@ def _stream_config(args: argparse.Namespace) -> StreamConfig:
     if args.message_prefixes and not args.messages:  # switches read by _switches_from_env
         raise ConfigError("--message-prefix filters --messages: add --messages")
     source = _source_config(args)
-    kafka = _kafka_config(args) if (args.sink or StreamConfig.sink) == "kafka" else None
-    cfg: StreamConfig = options.build(StreamConfig, args, source=source, kafka=kafka)
+    cfg: StreamConfig = options.build(
+        StreamConfig, args, source=source, sink_config=_sink_config(args)
+    )
     if cfg.capture_ddl and (cfg.message_prefixes or not cfg.messages):
         # the DDL messages are forwarded even without --messages (and only they, then)
         prefixes = (*cfg.message_prefixes, "pg2sink.ddl")

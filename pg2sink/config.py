@@ -9,18 +9,17 @@ ready-made.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from pg2sink.errors import ConfigError
-from pg2sink.options import duration, factor, flag, split_settings
+from pg2sink.options import duration, factor, flag
 
 # SecretDsn and Settings are re-exported: the rest of pg2sink imports them from here
 from pg2sink.sensitive import SecretDsn as SecretDsn
 from pg2sink.sensitive import Settings as Settings
-from pg2sink.sensitive import url_password
+from pg2sink.sinks import registry
 
 
 class Group(StrEnum):
@@ -28,7 +27,6 @@ class Group(StrEnum):
 
     SOURCE = "source"
     SINK = "sink"
-    KAFKA = "kafka sink (--sink=kafka)"
     CHANGES = "what is streamed (docs/changes.md)"
     LARGE_TRANSACTIONS = "large transactions (docs/large-transactions.md)"
     TIMING = "timing"
@@ -36,136 +34,6 @@ class Group(StrEnum):
     IMPORTS = "imports (docs/imports.md)"
     SPARK = "import runner (Spark)"
     LOGGING = "logging"
-
-
-#: Settings of the replication session. pgoutput renders column values with
-#: the walsender's output functions, so these GUCs fix the text forms the
-#: value decoders parse: ISO dates, UTC offsets, round-trip floats, hex bytea.
-#: https://www.postgresql.org/docs/current/runtime-config-client.html
-REPLICATION_SESSION_SETTINGS: dict[str, str] = {
-    "DateStyle": "ISO",
-    "IntervalStyle": "iso_8601",
-    "TimeZone": "UTC",
-    "extra_float_digits": "3",
-    "bytea_output": "hex",
-}
-
-
-def _settings(name: str, help: str) -> Any:
-    """Repeatable KEY=VALUE client settings, whose values may be secrets."""
-    return flag(
-        factory=Settings,
-        group=Group.KAFKA,
-        help=help,
-        names=(name,),
-        metavar="KEY=VALUE",
-        repeat=True,
-        split=split_settings,
-        build=Settings.parse,
-        secret=True,
-    )
-
-
-@dataclass(frozen=True)
-class KafkaConfig:
-    """What `--sink=kafka` needs (README "Kafka").
-
-    A field's `help` documents it, for `--help` and readers alike; a docstring under a
-    field says what the code needs beyond it (units, what None means)."""
-
-    bootstrap_servers: str = flag(
-        group=Group.KAFKA,
-        help="Kafka brokers, host:port[,host:port...]",
-        names=("--kafka-bootstrap-servers",),
-        metavar="SERVERS",
-        parse=str.strip,
-    )
-    producer: Settings = _settings(  # noqa: RUF009 (a dataclasses.field())
-        "--kafka-config",
-        "librdkafka producer setting (security.protocol, sasl.*, ssl.*, linger.ms, "
-        "compression.type...); repeatable",
-    )
-    schema_registry_url: str = flag(
-        "",
-        group=Group.KAFKA,
-        help="schema registry, Confluent-compatible API (Apicurio: .../apis/ccompat/v7); "
-        "needed for --format avro",
-        metavar="URL",
-        parse=str.strip,
-        secret=True,
-        repr=False,
-    )
-    """Confluent-compatible schema registry API; may hold user info, hence not in repr."""
-    registry: Settings = _settings(  # noqa: RUF009 (a dataclasses.field())
-        "--schema-registry-config",
-        "schema registry client setting (basic.auth.user.info, ssl.ca.location, "
-        "timeout...); repeatable",
-    )
-    format: str = flag(
-        "avro",
-        group=Group.KAFKA,
-        help="message format: Avro (Confluent wire format, registry) or JSON",
-        choices=("avro", "json"),
-    )
-    topic_prefix: str = flag(
-        "pg2sink",
-        group=Group.KAFKA,
-        help="a table's topic is PREFIX.<schema>.<table>",
-        metavar="PREFIX",
-    )
-    topic_map: tuple[tuple[str, str], ...] = flag(
-        (),
-        group=Group.KAFKA,
-        help="send a table's messages to TOPIC; repeatable",
-        metavar="SCHEMA.TABLE=TOPIC",
-        repeat=True,
-        build=lambda pairs, _name: parse_topic_map(pairs),
-    )
-    """('schema.table', topic) pairs from --topic-map."""
-    fallback_topic: str | None = flag(
-        None,
-        group=Group.KAFKA,
-        help="topic of tables --topic-map does not name (without it such a table stops "
-        "the stream with an error); without --topic-map, every table's topic",
-        metavar="TOPIC",
-    )
-    tombstones: bool = flag(
-        False,
-        group=Group.KAFKA,
-        help="follow each DELETE with a null-value message for its key (log compaction)",
-    )
-    schema_topic: str | None = flag(
-        None,
-        group=Group.KAFKA,
-        help="also publish Schema records as JSON to this topic, keyed by schema.table",
-        metavar="TOPIC",
-    )
-    message_topic: str | None = flag(
-        None,
-        group=Group.KAFKA,
-        help="topic of Message records (--messages), JSON; default PREFIX.messages",
-        metavar="TOPIC",
-    )
-    """Topic of Message records (--messages); None: '<topic_prefix>.messages'."""
-
-    def secrets(self) -> list[str]:
-        """Every secret value of this configuration (for log redaction)."""
-        out = self.producer.secrets() + self.registry.secrets()
-        password = url_password(self.schema_registry_url)
-        if password:
-            out.append(password)
-        return out
-
-
-def parse_topic_map(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:
-    """`schema.table=topic` strings → pairs; ConfigError for a malformed one."""
-    out: dict[str, str] = {}
-    for pair in pairs:
-        table, eq, topic = pair.rpartition("=")
-        if not eq or "." not in table.strip(".") or not topic.strip():
-            raise ConfigError(f"invalid --topic-map {pair!r}: expected schema.table=topic")
-        out[table] = topic.strip()
-    return tuple(out.items())
 
 
 @dataclass(frozen=True)
@@ -286,12 +154,11 @@ class StreamConfig:
     """Everything `pg2sink stream` needs."""
 
     source: SourceConfig
-    sink: str = flag("file", group=Group.SINK, help="where records go", choices=("file", "kafka"))
-    file_path: str = flag(
-        "-",
+    sink: str = flag(
+        registry.names()[0],
         group=Group.SINK,
-        help="file sink: JSON-lines file to append to; '-' is standard output",
-        metavar="PATH",
+        help="where records go: " + "; ".join(f"{e.name}: {e.help}" for e in registry.SINKS),
+        choices=registry.names(),
     )
     decode_only: bool = flag(
         False,
@@ -323,8 +190,10 @@ class StreamConfig:
     )
     retry_interval: float = duration(5.0, Group.TIMING, "wait between --retry-initial attempts")
     """Seconds between retries with --retry-initial."""
-    kafka: KafkaConfig | None = None
-    """Kafka sink settings (set when sink is 'kafka')."""
+    sink_config: Any = None
+    """The chosen sink's own settings: an instance of its registry entry's config class
+    (sinks/registry.py), None for a sink without options. With --decode-only, the file
+    sink's (FileConfig: --file-path is where the messages are printed)."""
     metrics_address: str = flag(
         "127.0.0.1:9525",
         group=Group.OBSERVABILITY,

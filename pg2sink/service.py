@@ -40,8 +40,9 @@ from pg2sink.observability.position import server_position
 from pg2sink.observability.stats import LogCounter, StreamStats
 from pg2sink.publication.manager import PublicationManager, Reconciliation, Table
 from pg2sink.publication.patterns import TableFilter
-from pg2sink.sinks.base import Sink
-from pg2sink.sinks.file import FileSink, repair_torn_line
+from pg2sink.sinks import registry
+from pg2sink.sinks.base import ImportTarget, Sink
+from pg2sink.sinks.file import FileConfig, repair_torn_line
 from pg2sink.subscription.connection import ReplicationStream
 from pg2sink.subscription.handlers import ChangelogHandler, DecodeOnlyHandler
 from pg2sink.subscription.in_progress import (
@@ -55,8 +56,6 @@ from pg2sink.subscription.slot import drop_slot, ensure_slot
 
 log = logging.getLogger(__name__)
 
-SINKS = ("file", "kafka")
-
 #: SQLSTATEs of a server that ended the session: admin_shutdown, crash_shutdown,
 #: cannot_connect_now (class 08, connection exceptions, is matched as a class)
 #: https://www.postgresql.org/docs/current/errcodes-appendix.html
@@ -64,26 +63,13 @@ _SERVER_GONE = frozenset({"57P01", "57P02", "57P03"})
 
 
 def make_sink(cfg: StreamConfig) -> Sink:
-    """The sink `cfg` asks for (not opened yet)."""
-    if cfg.sink == "file":
-        return FileSink(cfg.file_path)
-    if cfg.sink == "kafka":
-        if cfg.kafka is None:
-            raise ConfigError("--sink=kafka needs --kafka-bootstrap-servers")
-        try:
-            # imported here: confluent-kafka and fastavro are the optional [kafka] extra
-            from pg2sink.sinks.kafka import KafkaSink
-        except ImportError as e:
-            raise ConfigError(
-                f"--sink=kafka needs the kafka extra (pip install 'pg2sink[kafka]'): {e}"
-            ) from None
-        return KafkaSink(cfg.kafka)
-    raise ConfigError(f"unknown --sink {cfg.sink!r}: choose one of {', '.join(SINKS)}")
+    """The sink `cfg` asks for (not opened yet), by its registry entry."""
+    return registry.entry(cfg.sink).create(cfg.sink_config)
 
 
 def _open_output(path: str) -> TextIO:
     """--decode-only's output: standard output, or a file appended to after cutting a
-    line a crash tore at its end (as the file sink does, sinks/file.py)."""
+    line a crash tore at its end (as the file sink does, sinks/file/append.py)."""
     if path == "-":
         return sys.stdout
     out: TextIO | None = None
@@ -128,7 +114,8 @@ class StreamService:
         try:
             http = self.http = self._serve_metrics()
             if self.cfg.decode_only:
-                out = _open_output(self.cfg.file_path)
+                output = self.cfg.sink_config
+                out = _open_output(output.file_path if isinstance(output, FileConfig) else "-")
             else:
                 sink = make_sink(self.cfg)
                 sink.open()
@@ -250,7 +237,9 @@ class StreamService:
                 # after an import's snapshot must be in the slot's stream, and the gate
                 # that orders it after the import rows is this process's (a standby
                 # waiting for the slot runs no imports).
-                self.engine = ImportEngine(self.cfg, self.stats, self.gate or ImportGate())
+                self.engine = ImportEngine(
+                    self.cfg, self.stats, self.gate or ImportGate(), _import_target(self.cfg)
+                )
                 self.engine.start()
             stats.sink_up()
             stats.set_server_position(server_position(conn, src.slot))
@@ -325,6 +314,13 @@ class StreamService:
             if self.engine is not None:
                 self.engine.wake()
         return rec
+
+
+def _import_target(cfg: StreamConfig) -> ImportTarget | None:
+    """Where the imports of this stream write: its sink's import target (registry), None
+    for a sink that has none (jobs then stay pending, with a warning saying why)."""
+    make = registry.entry(cfg.sink).imports
+    return make(cfg.sink_config) if make is not None else None
 
 
 def _server_lost(e: psycopg.Error) -> bool:

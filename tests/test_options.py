@@ -14,13 +14,16 @@ from typing import Any
 import pytest
 
 from pg2sink import cli, options
-from pg2sink.config import KafkaConfig, LogConfig, SecretDsn, SourceConfig, StreamConfig
+from pg2sink.config import LogConfig, SecretDsn, SourceConfig, StreamConfig
 from pg2sink.errors import ConfigError
 from pg2sink.options import Option, format_duration, parse_duration
+from pg2sink.sinks import registry
 
-CLASSES = (SourceConfig, StreamConfig, KafkaConfig, LogConfig)
+#: every sink's options are options of `pg2sink stream` (sinks/registry.py)
+SINK_CONFIGS = tuple(e.config for e in registry.SINKS if e.config is not None)
+CLASSES = (SourceConfig, StreamConfig, *SINK_CONFIGS, LogConfig)
 #: the fields that are no option: nested configs, and what no user sets
-NOT_OPTIONS = {"source", "kafka", "secrets"}
+NOT_OPTIONS = {"source", "sink_config", "secrets"}
 #: values a generic text would not pass (a DSN, a slot name, KEY=VALUE settings...)
 SAMPLES: dict[str, list[str]] = {
     "dsn": ["host=h dbname=d password=pw"],
@@ -75,10 +78,14 @@ def plain(value: Any) -> Any:
 
 
 def configs(args: argparse.Namespace) -> dict[str, Any]:
-    """Every config class built from parsed `args`, by class name."""
+    """Every config class built from parsed `args`, by class name (each sink's, as the
+    CLI builds the chosen one's)."""
     stream = cli._stream_config(args)
-    assert stream.kafka is not None
-    built = {"SourceConfig": stream.source, "StreamConfig": stream, "KafkaConfig": stream.kafka}
+    assert stream.sink_config is not None
+    built = {"SourceConfig": stream.source, "StreamConfig": stream}
+    for cls in SINK_CONFIGS:
+        built[cls.__name__] = options.build(cls, args)
+    assert built[type(stream.sink_config).__name__] == stream.sink_config
     built["LogConfig"] = options.build(LogConfig, args)
     return {name: plain(cfg) for name, cfg in built.items()}
 

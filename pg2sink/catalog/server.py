@@ -13,14 +13,26 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
-from pg2sink.config import REPLICATION_SESSION_SETTINGS, SecretDsn
 from pg2sink.errors import ConnectError, ServerConfigError
+from pg2sink.sensitive import SecretDsn
 
 log = logging.getLogger(__name__)
 
 #: Oldest server with everything pg2sink relies on (pgoutput proto 1, logical
 #: decoding messages, ALTER PUBLICATION ... ADD TABLE).
 MIN_SERVER_VERSION = 100000
+
+#: Settings of the replication session. pgoutput renders column values with
+#: the walsender's output functions, so these GUCs fix the text forms the
+#: value decoders parse: ISO dates, UTC offsets, round-trip floats, hex bytea.
+#: https://www.postgresql.org/docs/current/runtime-config-client.html
+REPLICATION_SESSION_SETTINGS: dict[str, str] = {
+    "DateStyle": "ISO",
+    "IntervalStyle": "iso_8601",
+    "TimeZone": "UTC",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+}
 
 
 def _session_options() -> str:

@@ -40,6 +40,7 @@ from pg2sink.imports import jobs
 from pg2sink.imports.gate import ImportGate
 from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot, wait_for_transactions
 from pg2sink.observability.stats import ImportProgress, StreamStats
+from pg2sink.sinks.base import ImportTarget
 
 log = logging.getLogger(__name__)
 
@@ -114,13 +115,21 @@ class ImportEngine:
         cfg: StreamConfig,
         stats: StreamStats,
         gate: ImportGate,
+        target: ImportTarget | None,
         *,
         poll_interval: float = 1.0,
     ) -> None:
+        """`target`: where the stream's sink takes import rows (its `import_target()`);
+        None for a sink that cannot import."""
         self.cfg = cfg
         self.src = cfg.source
         self.stats = stats
         self.gate = gate
+        self.target = target
+        #: why jobs cannot run (they stay pending, with one warning), or None
+        self.problem = (
+            target.problem() if target is not None else f"the {cfg.sink} sink takes no imports"
+        )
         self.poll_interval = poll_interval
         self.backoff = jobs.Backoff(
             cfg.import_backoff_base, cfg.import_backoff_factor, cfg.import_backoff_max
@@ -161,8 +170,8 @@ class ImportEngine:
         return self._stopping.is_set()
 
     def can_write(self) -> bool:
-        """Executors write to the sink themselves: not possible to standard output."""
-        return not (self.cfg.sink == "file" and self.cfg.file_path == "-")
+        """Whether executors can write to the sink (not to standard output, say)."""
+        return self.problem is None
 
     # -- the loop -----------------------------------------------------------------
 
@@ -221,11 +230,7 @@ class ImportEngine:
             pending = [j for j in live if j.state in jobs.LIVE_STATES]
             if pending:
                 self._warned_stdout = True
-                log.warning(
-                    "%d import job(s) stay pending: imports need --file-path FILE or "
-                    "--sink kafka (Spark executors cannot write to standard output)",
-                    len(pending),
-                )
+                log.warning("%d import job(s) stay pending: %s", len(pending), self.problem)
         for key in list(self.stats.imports):
             if key not in seen:
                 del self.stats.imports[key]
@@ -328,7 +333,7 @@ class ImportEngine:
                 planner,
                 job.schema,
                 job.table,
-                target_partitions=target_partitions(getattr(self.cfg, "spark_master", "local[*]")),
+                target_partitions=target_partitions(self.cfg.spark_master),
                 publication=job.publication,
             )
             # A table empty in the snapshot has nothing to import: no Spark job (whose JVM
@@ -355,7 +360,9 @@ class ImportEngine:
     def _run_spark(
         self, job: jobs.Job, plan: Any, todo: list[int], snapshot: str, advance: Any
     ) -> int:
-        from pg2sink.imports.spark import ImportSinkConfig, ImportTask
+        from pg2sink.imports.spark import ImportTask
+
+        assert self.target is not None  # can_write()
 
         task = ImportTask(
             job_id=job.id,
@@ -364,7 +371,7 @@ class ImportEngine:
             snapshot=snapshot,
             source_dsn=self.src.dsn.reveal(),
             internal_schema=self.src.internal_schema,
-            sink=ImportSinkConfig.from_stream_config(self.cfg),
+            target=self.target,
         )
         return int(self._spark_runner().run(task, advance))
 
@@ -376,8 +383,5 @@ class ImportEngine:
             # spark.pyspark.python setting: without it they run the system python3,
             # which has no pg2sink
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-            self._runner = SparkRunner(
-                getattr(self.cfg, "spark_master", "local[*]"),
-                jdbc_driver=getattr(self.cfg, "jdbc_driver", None),
-            )
+            self._runner = SparkRunner(self.cfg.spark_master, jdbc_driver=self.cfg.jdbc_driver)
         return self._runner

@@ -1,8 +1,9 @@
 """The Spark runner: one import job as a PySpark job (parallel JDBC reads, executor writes).
 
 For a job (`ImportTask`) the driver:
-1. writes the table's Schema record to the sink (the Avro row schema the stream builds,
-   from the same codecs), registering the Kafka subjects when the sink is Kafka Avro;
+1. has the sink's import target (sinks/base.py `ImportTarget`) write the table's Schema
+   record (the Avro row schema the stream builds, from the same codecs) durably, which
+   registers the Kafka subjects when the sink is Kafka Avro;
 2. builds one JDBC scan per partition still to do: `SELECT <each published column as
    PostgreSQL text> FROM table WHERE (<the publication's row filter>) AND <the
    partition's predicate>` (plan.py: an import reads what the publication publishes),
@@ -10,7 +11,7 @@ For a job (`ImportTask`) the driver:
    driver in a REPEATABLE READ transaction that first imports the job's exported
    snapshot (`sessionInitStatement`: SET TRANSACTION SNAPSHOT), with a fetch size so
    rows stream instead of being held in memory, and the session settings of the
-   stream's walsender (DateStyle, TimeZone... config.REPLICATION_SESSION_SETTINGS) so
+   stream's walsender (DateStyle, TimeZone... catalog.server.REPLICATION_SESSION_SETTINGS) so
    every value's text is what pgoutput would send;
 3. unions the scans (Spark partition i = the i-th partition left to do) and hands them,
    as Arrow batches of strings, to `writers.write_partition` through mapInArrow: executors
@@ -54,22 +55,18 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pg2sink.catalog.catalog import unknown_type
+from pg2sink.catalog.server import REPLICATION_SESSION_SETTINGS
 from pg2sink.catalog.types import TypeCache
+from pg2sink.changelog.batches import ImportTable
 from pg2sink.changelog.records import Schema
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
-from pg2sink.config import REPLICATION_SESSION_SETTINGS
 from pg2sink.errors import ConfigError, ImportFailed, Pg2SinkError
 from pg2sink.imports.jdbc import connection_properties
 from pg2sink.imports.plan import ImportPlan
-from pg2sink.imports.writers import (
-    ImportSinkConfig,
-    PartitionJob,
-    RecordingRegistry,
-    wait_acknowledged,
-)
+from pg2sink.imports.writers import PartitionJob
+from pg2sink.sinks.base import ImportTarget
 
 __all__ = [
-    "ImportSinkConfig",
     "ImportTask",
     "SparkRunner",
     "default_jdbc_driver",
@@ -111,7 +108,8 @@ class ImportTask:
     source_dsn: str = dataclasses.field(repr=False)
     """Secret: never log it."""
     internal_schema: str
-    sink: ImportSinkConfig
+    target: ImportTarget = dataclasses.field(repr=False)
+    """Where the rows go: the stream's sink's import target (may hold secrets)."""
 
 
 def _is_local(master: str) -> bool:
@@ -165,13 +163,6 @@ class SparkRunner:
         self._spark: Any = None
         #: seconds the last SparkSession took to start (bench-import reports it)
         self.startup_seconds = 0.0
-
-    @classmethod
-    def from_stream_config(cls, cfg: Any) -> SparkRunner:
-        """From a config.StreamConfig: --spark-master and --jdbc-driver."""
-        return cls(
-            getattr(cfg, "spark_master", "local[*]"), jdbc_driver=getattr(cfg, "jdbc_driver", None)
-        )
 
     # -- session ---------------------------------------------------------------------
 
@@ -249,7 +240,7 @@ class SparkRunner:
 
         `progress(rows)` is called, from a thread of the runner, with the rows of the
         partitions finished since its last call."""
-        problem = task.sink.problem()
+        problem = task.target.problem()
         if problem is not None:
             raise ImportFailed(problem)
         if not task.partitions:
@@ -276,7 +267,8 @@ class SparkRunner:
             url, props = _jdbc(conn, task.snapshot)
             queries = [self._query(conn, task, number) for number in task.partitions]
         spark = self.session()
-        job = dataclasses.replace(job, schema_ids=_write_schema(job))
+        # the Schema record, durable before any row; the target the executors get
+        job = dataclasses.replace(job, target=task.target.begin(job.table.schema))
         reader = spark.read.format("jdbc").option("url", url).options(**props)
         frames = [reader.option("dbtable", f"({q}) AS t").load() for q in queries]
         frame = functools.reduce(lambda a, b: a.union(b), frames)
@@ -328,10 +320,8 @@ class SparkRunner:
             job_id=task.job_id,
             internal_schema=task.internal_schema,
             source_dsn=task.source_dsn,
-            schema=record,
-            types=types,
-            typmods=typmods,
-            sink=task.sink,
+            table=ImportTable(record, types, typmods),
+            target=task.target,
             partitions=task.partitions,
         )
 
@@ -430,49 +420,6 @@ def _jdbc(conn: psycopg.Connection[TupleRow], snapshot: str) -> tuple[str, dict[
     # the TLS files, sslpassword and the rest libpq was given (imports/jdbc.py)
     props.update(tls)
     return url, props
-
-
-def _write_schema(job: PartitionJob) -> tuple[tuple[str, int], ...]:
-    """The Schema record, durable before any row; Kafka Avro: register the subjects and
-    return their (subject, id) pairs for the executors."""
-    sink = job.sink
-    if sink.kind == "file":
-        from pg2sink.imports.writers import append_lines
-        from pg2sink.sinks.file import schema_line
-
-        fd = os.open(sink.file_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            append_lines(fd, schema_line(job.schema))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return ()
-    assert sink.kafka is not None
-    from pg2sink.registry import RegistryClient
-    from pg2sink.sinks.kafka.formats import AvroFormat, Format, JsonFormat
-    from pg2sink.sinks.kafka.sink import KafkaSink
-
-    recording: RecordingRegistry | None = None
-    fmt: Format
-    if sink.kafka.format == "json":
-        fmt = JsonFormat()
-    else:
-        if not sink.kafka.schema_registry_url:
-            raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")
-        recording = RecordingRegistry(
-            RegistryClient(sink.kafka.schema_registry_url, sink.kafka.registry.reveal())
-        )
-        fmt = AvroFormat(recording)
-    producer = KafkaSink(sink.kafka, fmt)
-    producer.open()
-    try:
-        producer.write(job.schema)  # checks the topic, registers, --schema-topic
-        wait_acknowledged(
-            producer, f"the Schema record of {job.schema.namespace}.{job.schema.name}"
-        )
-    finally:
-        producer.close()
-    return tuple(recording.ids.items()) if recording is not None else ()
 
 
 class _ProgressPoller:

@@ -23,10 +23,14 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from pg2sink.changelog.records import Record
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from datetime import datetime
 
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    from pg2sink.changelog.batches import ImportTable
     from pg2sink.changelog.builder import RawRowWriter
-    from pg2sink.changelog.records import Operation
+    from pg2sink.changelog.records import Operation, Schema
     from pg2sink.observability.stats import StreamStats
 
 
@@ -88,3 +92,31 @@ class WritesRawRows(Protocol):
     sink's C encoder): ChangelogBuilder's `raw_writers`."""
 
     def raw_row_writer(self, namespace: str, name: str) -> RawRowWriter | None: ...
+
+
+class ImportTarget(Protocol):
+    """Where an import's rows go (docs/imports.md): made from the sink's config by its
+    registry entry (sinks/registry.py), then pickled to Spark's driver code and
+    executors, so it holds settings only (no connection, no open file).
+
+    On the driver, `begin(schema)` makes the table's Schema record durable before any
+    row and returns the target the executors get (Kafka Avro: with the subjects' ids the
+    driver registered). On each executor, `write_rows` writes one partition's rows as
+    IMPORT Modifications with the sink's own encoders and returns only once they are
+    durable: the partition is then marked done."""
+
+    @property
+    def json_values(self) -> bool:
+        """Whether rows are decoded to their JSON form (ValueCodec.to_json), as Sink's."""
+        ...
+
+    def problem(self) -> str | None:
+        """Why imports cannot write here (standard output, a sink without settings), or
+        None."""
+        ...
+
+    def begin(self, schema: Schema) -> ImportTarget: ...
+
+    def write_rows(self, table: ImportTable, batches: Iterator[pa.RecordBatch]) -> int:
+        """Write every row of the batches, durably; the number of rows."""
+        ...

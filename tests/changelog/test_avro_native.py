@@ -27,12 +27,12 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pg2sink.catalog.catalog import Catalog
+from pg2sink.catalog.server import REPLICATION_SESSION_SETTINGS
 from pg2sink.changelog import _cmodule
 from pg2sink.changelog.avro import TableEncoder, _primitive
 from pg2sink.changelog.avro_native import NativeRowEncoder
 from pg2sink.changelog.builder import ChangelogBuilder
 from pg2sink.changelog.records import Modification, Operation, Record, Schema
-from pg2sink.config import REPLICATION_SESSION_SETTINGS
 from pg2sink.registry import wire_header
 from tests.conftest import Database
 

@@ -32,8 +32,8 @@ import json, sys
 from datetime import datetime, timezone
 from pg2sink.changelog import _cmodule
 from pg2sink.changelog.records import Schema
-from pg2sink.config import KafkaConfig
-from pg2sink.sinks.kafka import KafkaSink
+from pg2sink.sinks.kafka.config import KafkaConfig
+from pg2sink.sinks.kafka.sink import KafkaSink
 
 bootstrap, registry, prefix = sys.argv[1:]
 row = {

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pg2sink.config import KafkaConfig
 from pg2sink.imports import jobs
-from pg2sink.imports.spark import ImportSinkConfig, ImportTask, SparkRunner
+from pg2sink.imports.spark import ImportTask, SparkRunner
+from pg2sink.sinks.kafka.config import KafkaConfig
+from pg2sink.sinks.kafka.imports import KafkaImportTarget
 from tests.conftest import Database, KafkaStack
 from tests.imports.test_spark import INTERNAL, expected_rows, fill_table, prepare_job
 from tests.sinks.test_kafka import Reader
@@ -44,7 +45,7 @@ def test_import_to_kafka_avro(
         job.snapshot.name,
         db.dsn,
         INTERNAL,
-        ImportSinkConfig("kafka", kafka=cfg),
+        KafkaImportTarget(cfg),
     )
     runner = SparkRunner("local[2]")
     try:

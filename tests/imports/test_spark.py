@@ -28,11 +28,11 @@ from pg2sink.imports.plan import ImportPlan, plan_import
 from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot
 from pg2sink.imports.spark import (
     CLUSTER_PARTITIONS,
-    ImportSinkConfig,
     ImportTask,
     SparkRunner,
     target_partitions,
 )
+from pg2sink.sinks.file.imports import FileImportTarget
 from tests.conftest import Database
 
 pytestmark = pytest.mark.slow
@@ -169,7 +169,7 @@ def test_import_to_file_sink(db: Database, runner: SparkRunner, tmp_path: Path) 
         snapshot=job.snapshot.name,
         source_dsn=db.dsn,
         internal_schema=INTERNAL,
-        sink=ImportSinkConfig("file", str(out)),
+        target=FileImportTarget(str(out)),
     )
     expected = expected_rows(conn)
     # written after the snapshot: must not be imported
@@ -221,7 +221,7 @@ def test_resume_writes_only_the_partitions_left(
         job.snapshot.name,
         db.dsn,
         INTERNAL,
-        ImportSinkConfig("file", str(out)),
+        FileImportTarget(str(out)),
     )
     written = runner.run(task)
     job.snapshot.close()
@@ -248,7 +248,7 @@ def test_table_dropped_fails_with_one_line(
         job.snapshot.name,
         db.dsn,
         INTERNAL,
-        ImportSinkConfig("file", str(tmp_path / "x.jsonl")),
+        FileImportTarget(str(tmp_path / "x.jsonl")),
     )
     with pytest.raises(ImportFailed) as failed:
         runner.run(task)
@@ -260,7 +260,7 @@ def test_table_dropped_fails_with_one_line(
 
 def test_stdout_sink_is_refused(runner: SparkRunner) -> None:
     plan = ImportPlan("public", "t", (), (), ("TRUE",), 0)
-    task = ImportTask(1, plan, (0,), "x", "", INTERNAL, ImportSinkConfig("file", "-"))
+    task = ImportTask(1, plan, (0,), "x", "", INTERNAL, FileImportTarget("-"))
     with pytest.raises(ImportFailed, match="--file-path FILE or --sink kafka"):
         runner.run(task)
 
@@ -278,17 +278,18 @@ def test_missing_jdbc_driver_is_one_clear_line(
 
 
 def test_stream_and_executor_lines_interleave_whole(tmp_path: Path) -> None:
-    """The stream's FileSink and an executor's FileWriter append to one file at once:
+    """The stream's FileSink and an executor's FileImportWriter append to one file at once:
     every line stays whole (both use O_APPEND and whole-line writes)."""
     import threading
 
     import pyarrow as pa  # type: ignore[import-untyped]
 
     from pg2sink.catalog.types import PgType
+    from pg2sink.changelog.batches import ImportTable
     from pg2sink.changelog.records import Modification, Operation, Schema
     from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
-    from pg2sink.imports.writers import FileWriter, PartitionJob
     from pg2sink.sinks.file import FileSink
+    from pg2sink.sinks.file.imports import FileImportWriter
 
     path = tmp_path / "shared.jsonl"
     types = (
@@ -302,9 +303,7 @@ def test_stream_and_executor_lines_interleave_whole(tmp_path: Path) -> None:
     schema = Schema(
         now, 0, "public", "t", avro_row_schema("public", "t", columns), primary_key=("id",)
     )
-    job = PartitionJob(
-        1, INTERNAL, "", schema, types, (-1, -1), ImportSinkConfig("file", str(path)), (0,)
-    )
+    table = ImportTable(schema, types, (-1, -1))
     n = 100_000
     batches = [
         pa.RecordBatch.from_arrays(
@@ -340,7 +339,7 @@ def test_stream_and_executor_lines_interleave_whole(tmp_path: Path) -> None:
 
     writer = threading.Thread(target=stream)
     writer.start()
-    assert FileWriter(job).write(iter(batches)) == n
+    assert FileImportWriter(str(path), table).write(iter(batches)) == n
     writer.join()
     sink.close()
     _, mods = read_import(path)
@@ -350,17 +349,18 @@ def test_stream_and_executor_lines_interleave_whole(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("with_columns", [True, False])
 def test_file_writer_lines_equal_the_stream_lines(tmp_path: Path, with_columns: bool) -> None:
-    """FileWriter's batch path (column-wise converters, compiled row builder, one orjson
-    call per batch cut into lines) writes byte for byte the lines the stream's FileSink
+    """The file import writer's batch path (column-wise converters, compiled row builder,
+    Arrow-built lines) writes byte for byte the lines the stream's FileSink
     writes for the same rows decoded one by one with RowDecoder."""
     import pyarrow as pa
 
     from pg2sink.catalog.types import PgType
+    from pg2sink.changelog.batches import ImportTable
+    from pg2sink.changelog.jsonlines import record_line
     from pg2sink.changelog.records import Modification, Operation, Schema
     from pg2sink.changelog.rows import RowDecoder
     from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
-    from pg2sink.imports.writers import FileWriter, PartitionJob
-    from pg2sink.sinks.file import record_line
+    from pg2sink.sinks.file.imports import FileImportWriter
 
     def pg(oid: int, name: str, category: str) -> PgType:
         return PgType(oid=oid, name=name, namespace="pg_catalog", kind="b", category=category)
@@ -389,9 +389,7 @@ def test_file_writer_lines_equal_the_stream_lines(tmp_path: Path, with_columns: 
         when, 77, "public", "t", avro_row_schema("public", "t", columns), primary_key=names[:1]
     )
     path = tmp_path / "import.jsonl"
-    job = PartitionJob(
-        1, INTERNAL, "", schema, types, typmods, ImportSinkConfig("file", str(path)), (0,)
-    )
+    table = ImportTable(schema, types, typmods)
 
     def text_row(i: int) -> list[str | None]:
         return [
@@ -417,7 +415,7 @@ def test_file_writer_lines_equal_the_stream_lines(tmp_path: Path, with_columns: 
         else pa.RecordBatch.from_struct_array(pa.array([{}] * len(chunk), pa.struct([])))
         for chunk in chunks
     ]
-    assert FileWriter(job).write(iter(batches)) == len(rows)
+    assert FileImportWriter(str(path), table).write(iter(batches)) == len(rows)
 
     decoder = RowDecoder(names, [c.codec.to_json for c in columns])
     expected = b"".join(

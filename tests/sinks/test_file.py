@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.errors import SinkError
-from pg2sink.imports.writers import append_lines
 from pg2sink.logical.messages import UNCHANGED_TOAST
-from pg2sink.sinks.file import FileSink, record_line
+from pg2sink.sinks.file import FileSink, append_lines
 from tests.conftest import wait_for
 
 T = datetime(2026, 11, 21, 2, 40, 21, 811015, tzinfo=UTC)
@@ -244,7 +244,7 @@ def test_the_executors_append_cuts_a_torn_last_line(
 #: A writer appending one 64 MiB line again and again, as an executor appends a batch.
 BIG_WRITER = """
 import os, sys
-from pg2sink.imports.writers import append_lines
+from pg2sink.sinks.file import append_lines
 line = b'{"kind":"big","pad":"' + b"x" * (64 << 20) + b'"}\\n'
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 while True:

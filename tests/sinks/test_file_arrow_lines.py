@@ -1,10 +1,10 @@
-"""LineBuilder (Arrow kernels) against FileWriter's reference path and the stream's lines.
+"""LineBuilder (Arrow kernels) against the import writer's reference path and the stream.
 
 The values are PostgreSQL's own text: a table with a column of every type family is
 read with the Spark runner's query (`spark.text_query`, in a session with the stream's
-settings) into Arrow batches, and FileWriter writes them once through LineBuilder and
-once through the reference path (Python values, one orjson call per batch): the files
-must be equal byte for byte, and equal to the stream's FileSink lines for the same rows.
+settings) into Arrow batches, and FileImportWriter writes them once through LineBuilder
+and once through the reference path (the stream's record_line per row): the files must
+be equal byte for byte, and equal to the stream's FileSink lines for the same rows.
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ import pytest
 from psycopg import sql
 
 from pg2sink.catalog.catalog import unknown_type
+from pg2sink.catalog.server import REPLICATION_SESSION_SETTINGS
 from pg2sink.catalog.types import PgType, TypeCache
+from pg2sink.changelog.batches import ImportTable
+from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.changelog.rows import RowDecoder
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
-from pg2sink.config import REPLICATION_SESSION_SETTINGS
 from pg2sink.errors import DecodeError
 from pg2sink.imports.plan import plan_import
 from pg2sink.imports.spark import text_query
-from pg2sink.imports.writers import FileWriter, ImportSinkConfig, PartitionJob
-from pg2sink.sinks.file import record_line
+from pg2sink.sinks.file.imports import FileImportWriter
 from tests.conftest import Database
 
 Conn = psycopg.Connection[Any]
@@ -157,8 +158,8 @@ def create_table(conn: Conn) -> None:
         )
 
 
-def read_as_text(db: Database) -> tuple[PartitionJob, list[list[str | None]]]:
-    """The table's rows as the Spark runner's JDBC scan reads them, and its job."""
+def read_as_text(db: Database) -> tuple[ImportTable, list[list[str | None]]]:
+    """The table's rows as the Spark runner's JDBC scan reads them, and its table."""
     conn = db.connect()
     for name, value in REPLICATION_SESSION_SETTINGS.items():
         conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
@@ -171,14 +172,14 @@ def read_as_text(db: Database) -> tuple[PartitionJob, list[list[str | None]]]:
     return job_for([c.name for c in plan.columns], types, typmods), rows
 
 
-def job_for(names: list[str], types: tuple[PgType, ...], typmods: tuple[int, ...]) -> PartitionJob:
+def job_for(names: list[str], types: tuple[PgType, ...], typmods: tuple[int, ...]) -> ImportTable:
     columns = [
         RowColumn(n, codec_for(t, m), n == "id")
         for n, t, m in zip(names, types, typmods, strict=True)
     ]
     when = datetime(2026, 11, 21, 5, 0, 0, 123000, tzinfo=UTC)
     schema = Schema(when, 77, "public", "every_type", avro_row_schema("public", "t", columns))
-    return PartitionJob(1, "pg2sink", "", schema, types, typmods, ImportSinkConfig("file"), (0,))
+    return ImportTable(schema, types, typmods)
 
 
 def batches_of(rows: list[list[str | None]], sizes: list[int]) -> list[pa.RecordBatch]:
@@ -197,20 +198,16 @@ def batches_of(rows: list[list[str | None]], sizes: list[int]) -> list[pa.Record
     return out
 
 
-def write(job: PartitionJob, batches: list[pa.RecordBatch], path: Path, vectorised: bool) -> bytes:
-    job = PartitionJob(
-        job.job_id, job.internal_schema, "", job.schema, job.types, job.typmods,
-        ImportSinkConfig("file", str(path)), (0,),
-    )  # fmt: skip
-    writer = FileWriter(job, vectorised=vectorised)
+def write(job: ImportTable, batches: list[pa.RecordBatch], path: Path, vectorised: bool) -> bytes:
+    writer = FileImportWriter(str(path), job, vectorised=vectorised)
     assert writer.write(iter(batches)) == sum(b.num_rows for b in batches)
     return path.read_bytes()
 
 
-def stream_lines(job: PartitionJob, rows: list[list[str | None]]) -> bytes:
+def stream_lines(job: ImportTable, rows: list[list[str | None]]) -> bytes:
     """The lines the stream's FileSink writes for the rows decoded one by one."""
     names = tuple(f["pg.column"] for f in job.schema.schema["fields"])
-    decoder = RowDecoder(names, job.converters())
+    decoder = RowDecoder(names, job.converters(json_values=True))
     s = job.schema
     return b"".join(
         record_line(
@@ -237,7 +234,7 @@ def test_lines_equal_the_reference_for_every_type(db: Database, tmp_path: Path) 
     # the text really is PostgreSQL's tricky text
     assert fast.count(b"\n") == len(rows)
     assert b'"-infinity"' in fast and b"\\u001f" in fast and "\u2028".encode() in fast
-    writer = FileWriter(job)
+    writer = FileImportWriter(str(tmp_path / "x.jsonl"), job)
     assert all(writer._vectorised_lines(b, 0) is not None for b in batches)
 
 

@@ -38,13 +38,13 @@ from pg2sink import cli
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.changelog import _cmodule
 from pg2sink.changelog.records import Modification, Operation, Schema
-from pg2sink.config import KafkaConfig, Settings
+from pg2sink.config import Settings
 from pg2sink.errors import ConfigError, SinkError
 from pg2sink.sinks.file import FileSink
-from pg2sink.sinks.kafka import KafkaSink
 from pg2sink.sinks.kafka.acks import Checkpoints
+from pg2sink.sinks.kafka.config import KafkaConfig
 from pg2sink.sinks.kafka.formats import modification_json
-from pg2sink.sinks.kafka.sink import producer_settings
+from pg2sink.sinks.kafka.sink import KafkaSink, producer_settings
 from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
 from pg2sink.subscription.handlers import ChangelogHandler
 from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for
@@ -189,8 +189,9 @@ def test_switches_from_the_environment_are_booleans(
     args = cli.build_parser().parse_args(["stream", *JSON_SINK])
     cli._switches_from_env(args)  # as main() does after parsing
     cfg = cli._stream_config(args)
-    assert cfg.kafka is not None and cfg.kafka.tombstones is on
-    assert cfg.kafka.format == "json" and cfg.kafka.topic_prefix == "pg2sink"
+    kafka = cfg.sink_config
+    assert isinstance(kafka, KafkaConfig) and kafka.tombstones is on
+    assert kafka.format == "json" and kafka.topic_prefix == "pg2sink"
 
 
 def test_secrets_never_appear_in_errors_or_help() -> None:

@@ -4,26 +4,16 @@ Records are appended to a file (or standard output for '-'). A Schema line
 precedes the first Modification of each table and every change of its shape
 (the changelog builder emits them in that order). TRUNCATE Modifications add
 their options, Message records (--messages) have a line of their own (README
-"Records", docs/changes.md). `flush()` flushes Python's
-buffer and fsyncs a regular file before it reports a checkpoint as durable;
-pipes, terminals and /dev/null cannot be fsynced, so there durability ends at
-write(2).
+"Records", docs/changes.md; the lines are changelog/jsonlines.py's). `flush()`
+flushes Python's buffer and fsyncs a regular file before it reports a checkpoint
+as durable; pipes, terminals and /dev/null cannot be fsynced, so there durability
+ends at write(2).
 
-Other writers may append to the same file: Spark import executors
-(pg2sink.imports.writers) do. Every writer appends through `append_lines`: whole
-lines only, all of them before it lets go of the file's lock (flock(2), which the
-kernel drops when a writer dies), so lines of concurrent writers interleave, never
-their bytes. Each `write()` below hands the buffer one whole line, and CPython's
-BufferedWriter passes its raw file (`LockedAppender`) either its whole buffer or a
-whole oversized write, never part of one.
-
-Only a crash can tear a line: a writer killed inside its write(2) (a kill -9 stops a
-large write between two pages), a full disk, a power loss. So whoever takes the lock
-first looks at the end of the file, and a last line without its newline is a torn one
-nobody is still writing: it cuts it away (one WARNING with the byte count) before
-appending. Safe, because a torn line was never fsynced, so its LSN was never
-confirmed (an import partition of it was never marked done): it comes again. The
-sink also does this when it opens the file, so that a restart repairs at once.
+Spark import executors append to the same file (sinks/file/imports.py): every
+writer goes through append.py's `append_lines` (whole lines under the file's
+lock, a line torn by a crash cut first). Each `write()` below hands the buffer
+one whole line, and CPython's BufferedWriter passes its raw file
+(`LockedAppender`) either its whole buffer or a whole oversized write.
 """
 
 from __future__ import annotations
@@ -34,179 +24,27 @@ import logging
 import os
 import stat
 import sys
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 import orjson
 
-from pg2sink.changelog.jsonenc import LINE_OPTIONS, default, dumps, dumps_line
-from pg2sink.changelog.records import (
-    Message,
-    Modification,
-    Operation,
-    Record,
-    Schema,
-    Truncation,
-)
+from pg2sink.changelog.jsonenc import LINE_OPTIONS, default, dumps
+from pg2sink.changelog.jsonlines import record_line
+from pg2sink.changelog.records import Modification, Operation, Record
 from pg2sink.errors import SinkError
-
-if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer
+from pg2sink.sinks.file.append import LockedAppender, repair_torn_line
 
 log = logging.getLogger(__name__)
 
 #: Python-side buffer; large enough that a write(2) moves many records.
 BUFFER_BYTES = 1 << 20
-#: Bytes read at a time, backwards, looking for the end of the last whole line.
-TAIL_STEP = 1 << 16
-
-
-@contextmanager
-def _locked(fd: int) -> Iterator[None]:
-    """The file's exclusive lock, shared by every pg2sink process appending to it."""
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    try:
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def _cut_torn_line(fd: int, path: str | None) -> int:
-    """Truncate a regular file after its last newline, the caller holding its lock;
-    the bytes cut (0: it ends with a whole line, or is no regular file). `path` names
-    it in the WARNING (None: the name /proc gives the descriptor)."""
-    st = os.fstat(fd)
-    size = st.st_size
-    if not stat.S_ISREG(st.st_mode) or size == 0:
-        return 0
-    # writers open the file write-only; a second description of the same inode reads
-    # it (by /proc, not by path: a rotated path names another file)
-    reader = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
-    try:
-        keep = _whole_lines_end(reader, size)
-    finally:
-        os.close(reader)
-    if keep == size:
-        return 0
-    os.ftruncate(fd, keep)
-    log.warning(
-        "--file-path %s ended in a partial line of %d bytes, left by a writer that "
-        "crashed while appending it (never confirmed, so it is written again): removed it",
-        path or os.readlink(f"/proc/self/fd/{fd}"),
-        size - keep,
-    )
-    return size - keep
-
-
-def _whole_lines_end(reader: int, size: int) -> int:
-    """The end of the last whole line among the first `size` bytes (0: none)."""
-    if os.pread(reader, 1, size - 1) == b"\n":
-        return size
-    end = size
-    while end > 0:
-        start = max(end - TAIL_STEP, 0)
-        newline = os.pread(reader, end - start, start).rfind(b"\n")
-        if newline >= 0:
-            return start + newline + 1
-        end = start
-    return 0
-
-
-def repair_torn_line(fd: int, path: str) -> int:
-    """Cut a torn last line of the file open as `fd` (see the module docstring); the
-    bytes cut."""
-    with _locked(fd):
-        return _cut_torn_line(fd, path)
-
-
-def append_lines(fd: int, data: bytes | memoryview, path: str | None = None) -> None:
-    """Append whole lines to `fd` (opened with O_APPEND) under the file's lock, after
-    cutting a torn line a crashed writer left; all of `data` is written before the
-    lock is released (see the module docstring)."""
-    view = memoryview(data)
-    with _locked(fd):
-        _cut_torn_line(fd, path)
-        while view:
-            view = view[os.write(fd, view) :]
-
-
-class LockedAppender(io.FileIO):
-    """The FileSink's raw file: each write its buffer makes goes through append_lines."""
-
-    def __init__(self, file: str | int, mode: str, *, closefd: bool = True, path: str) -> None:
-        super().__init__(file, mode, closefd=closefd)
-        self._path = path
-
-    def write(self, b: ReadableBuffer, /) -> int:
-        view = memoryview(b)
-        append_lines(self.fileno(), view, self._path)
-        return view.nbytes
 
 
 def _appended_file(fd: int) -> bool:
     """Whether `fd` is a regular file opened for appending (a shell's `>>`)."""
     return stat.S_ISREG(os.fstat(fd).st_mode) and bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
-
-
-def schema_line(record: Schema) -> bytes:
-    """The JSON line of a Schema record (README "Records")."""
-    return dumps_line(
-        {
-            "kind": "schema",
-            "timestamp": record.timestamp,
-            "lsn": record.lsn,
-            "namespace": record.namespace,
-            "name": record.name,
-            "schema": record.schema,
-        }
-    )
-
-
-def modification_object(m: Modification) -> dict[str, object]:
-    """The JSON object of a Modification (README "Records"); a Truncation adds its options.
-
-    FileSink.write builds the same object inline for plain Modifications (hot path).
-    """
-    obj: dict[str, object] = {
-        "kind": "modification",
-        "timestamp": m.timestamp,
-        "sequence": m.sequence,
-        "lsn": m.lsn,
-        "xid": m.xid,
-        "operation": m.operation,
-        "namespace": m.namespace,
-        "name": m.name,
-        "before": m.before,
-        "after": m.after,
-    }
-    if isinstance(m, Truncation):
-        obj["truncate"] = {"cascade": m.cascade, "restart_identity": m.restart_identity}
-    return obj
-
-
-def message_object(m: Message) -> dict[str, object]:
-    """The JSON object of a Message record; `content` is base64 (docs/changes.md)."""
-    return {
-        "kind": "message",
-        "timestamp": m.timestamp,
-        "lsn": m.lsn,
-        "xid": m.xid,
-        "transactional": m.transactional,
-        "prefix": m.prefix,
-        "content": m.content,
-    }
-
-
-def record_line(record: Record) -> bytes:
-    """The JSON line of any record (FileSink.write inlines the plain Modification)."""
-    if isinstance(record, Schema):
-        return schema_line(record)
-    if isinstance(record, Message):
-        return dumps_line(message_object(record))
-    return dumps_line(modification_object(record))
 
 
 class FileSink:

@@ -20,9 +20,9 @@ from typing import Protocol
 from pg2sink.changelog.avro import TableEncoder
 from pg2sink.changelog.avro_native import NativeRowEncoder
 from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.jsonlines import modification_object
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.registry import SchemaRegistry, key_subject, value_subject, wire_header
-from pg2sink.sinks.file import modification_object
 
 __all__ = ["AvroFormat", "Format", "JsonFormat", "TableFormat", "key_row", "modification_json"]
 

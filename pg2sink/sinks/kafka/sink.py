@@ -56,13 +56,13 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from pg2sink.changelog.builder import RawRowWriter
 from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.jsonlines import message_object, schema_line
 from pg2sink.changelog.records import Message as MessageRecord
 from pg2sink.changelog.records import Modification, Operation, Record, Schema, Truncation
-from pg2sink.config import KafkaConfig
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.observability.stats import StreamStats
-from pg2sink.sinks.file import message_object, schema_line
 from pg2sink.sinks.kafka.acks import Checkpoints
+from pg2sink.sinks.kafka.config import KafkaConfig
 from pg2sink.sinks.kafka.formats import (
     AvroFormat,
     Format,

@@ -1,0 +1,131 @@
+"""An import's rows, from Arrow batches of PostgreSQL text to the stream's values.
+
+Spark's executors receive a partition of an import as Arrow record batches of string
+columns (each value PostgreSQL's text output of the column, or null: what pgoutput
+would send). `ImportTable` says what the columns are (the table's Schema record, its
+types and typmods); `BatchDecoder` turns a batch into {column: value} dicts with the
+stream's converters (changelog.typemap.codec_for), so an import row holds the very
+values a streamed row of the same text holds. A sink's import writer
+(sinks/<name>/imports.py) encodes them as it encodes the stream's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pg2sink.catalog.types import PgType
+from pg2sink.changelog.records import Modification, Operation, Schema
+from pg2sink.changelog.rows import RowDecoder
+from pg2sink.changelog.typemap import codec_for
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+__all__ = ["BatchDecoder", "ImportTable"]
+
+
+@dataclass(frozen=True)
+class ImportTable:
+    """The table an import writes: sent to every executor (keep it small)."""
+
+    schema: Schema
+    """The table's Schema record (the driver wrote it before any row)."""
+    types: tuple[PgType, ...]
+    typmods: tuple[int, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The column names, in the order of the batches' columns."""
+        return tuple(f["pg.column"] for f in self.schema.schema["fields"])
+
+    def converters(self, json_values: bool) -> list[Callable[[bytes], object]]:
+        """Per column, the stream's converter: codec.to_json for a sink writing JSON
+        (`json_values`), else codec.decode."""
+        codecs = [codec_for(t, m) for t, m in zip(self.types, self.typmods, strict=True)]
+        return [c.to_json if json_values else c.decode for c in codecs]
+
+    def modification(self, sequence: int, row: dict[str, object]) -> Modification:
+        """The IMPORT Modification of a row: the snapshot's time and position, xid 0,
+        `sequence` its number within its partition (README "Records")."""
+        s = self.schema
+        return Modification(
+            s.timestamp, sequence, s.lsn, 0, Operation.IMPORT, s.namespace, s.name, None, row
+        )
+
+
+#: the converter of text-like types (typemap's _decode_text): the value is its text
+_AS_TEXT: Callable[[bytes], object] = bytes.decode
+
+
+class BatchDecoder:
+    """Arrow batches -> {column: value} dicts, with the stream's converters.
+
+    Column at a time rather than row at a time: each column's values come out of Arrow
+    as one list (C++), and a converter maps over it in one map() call (measured: about
+    half the time of the per-row RowDecoder here). Text-like columns arrive as str and
+    are kept. A value a converter rejects makes the batch go through RowDecoder, which
+    raises the DecodeError naming the column, as the stream does.
+    """
+
+    def __init__(self, table: ImportTable, json_values: bool) -> None:
+        self.names = table.names
+        self.converters = table.converters(json_values)
+        self._converters = [None if c is _AS_TEXT else c for c in self.converters]
+        self._reference = RowDecoder(self.names, self.converters)
+        self._make_row = _row_builder(self.names)
+
+    def rows(self, batch: pa.RecordBatch) -> Iterator[dict[str, object]]:
+        columns: list[list[object]] = []
+        for column, convert in zip(batch.columns, self._converters, strict=True):
+            if convert is None:
+                columns.append(column.to_pylist())
+                continue
+            # Spark hands over strings; their bytes, without a copy, are what the
+            # stream's decoders take
+            values = column.view(_bytes_type(column.type)).to_pylist()
+            try:
+                if column.null_count == 0:
+                    values = list(map(convert, values))
+                else:
+                    values = [None if v is None else convert(v) for v in values]
+            except Exception:
+                self.fail(batch)
+                raise
+            columns.append(values)
+        if not columns:
+            return iter([{} for _ in range(batch.num_rows)])
+        return map(self._make_row, *columns)
+
+    def fail(self, batch: pa.RecordBatch) -> None:
+        """Decode the batch row by row with RowDecoder: raises the precise DecodeError."""
+        columns = [
+            [None if v is None else v.encode() for v in c.to_pylist()] for c in batch.columns
+        ]
+        for values in zip(*columns, strict=True):
+            self._reference.decode(values)
+
+
+def _row_builder(names: tuple[str, ...]) -> Callable[..., dict[str, object]]:
+    """A function of one value per column returning the row's dict, the keys written out
+    as literals: `map(builder, *columns)` builds a batch's rows without a tuple, a zip
+    and a dict(iterable) per row (measured: the writer's CPU per row of bench-import's
+    6 columns from 2.01 to 1.72 us).
+    Names reach the code as repr() literals, so no identifier can change what it does."""
+    args = ", ".join(f"v{i}" for i in range(len(names)))
+    items = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names))
+    env: dict[str, Any] = {}
+    exec(compile(f"def row({args}):\n    return {{{items}}}\n", "<import row>", "exec"), env)
+    builder: Callable[..., dict[str, object]] = env["row"]
+    return builder
+
+
+def _bytes_type(string_type: pa.DataType) -> pa.DataType:
+    import pyarrow as pa
+
+    if pa.types.is_large_string(string_type):
+        return pa.large_binary()
+    if pa.types.is_string(string_type):
+        return pa.binary()
+    return string_type  # already binary

@@ -1,0 +1,91 @@
+"""The JSON form of each record kind (README "Records"), one line per record.
+
+The file sink writes these lines; Kafka's JSON format and its schema and message topics
+write the same objects. The file sink's hot path (`FileSink.write_new_row`) builds the
+plain Modification's object inline, with the same keys in the same order, and the
+golden files (tests/golden) hold both to the same bytes.
+"""
+
+from __future__ import annotations
+
+from pg2sink.changelog.jsonenc import dumps, dumps_line
+from pg2sink.changelog.records import Message, Modification, Record, Schema, Truncation
+
+__all__ = [
+    "import_envelope",
+    "message_object",
+    "modification_object",
+    "record_line",
+    "schema_line",
+]
+
+
+def schema_line(record: Schema) -> bytes:
+    """The JSON line of a Schema record."""
+    return dumps_line(
+        {
+            "kind": "schema",
+            "timestamp": record.timestamp,
+            "lsn": record.lsn,
+            "namespace": record.namespace,
+            "name": record.name,
+            "schema": record.schema,
+        }
+    )
+
+
+def modification_object(m: Modification) -> dict[str, object]:
+    """The JSON object of a Modification; a Truncation adds its options."""
+    obj: dict[str, object] = {
+        "kind": "modification",
+        "timestamp": m.timestamp,
+        "sequence": m.sequence,
+        "lsn": m.lsn,
+        "xid": m.xid,
+        "operation": m.operation,
+        "namespace": m.namespace,
+        "name": m.name,
+        "before": m.before,
+        "after": m.after,
+    }
+    if isinstance(m, Truncation):
+        obj["truncate"] = {"cascade": m.cascade, "restart_identity": m.restart_identity}
+    return obj
+
+
+def message_object(m: Message) -> dict[str, object]:
+    """The JSON object of a Message record; `content` is base64 (docs/changes.md)."""
+    return {
+        "kind": "message",
+        "timestamp": m.timestamp,
+        "lsn": m.lsn,
+        "xid": m.xid,
+        "transactional": m.transactional,
+        "prefix": m.prefix,
+        "content": m.content,
+    }
+
+
+def record_line(record: Record) -> bytes:
+    """The JSON line of any record."""
+    if isinstance(record, Schema):
+        return schema_line(record)
+    if isinstance(record, Message):
+        return dumps_line(message_object(record))
+    return dumps_line(modification_object(record))
+
+
+def import_envelope(schema: Schema) -> tuple[bytes, bytes]:
+    """The constant parts of an import row's Modification line, around its sequence
+    number and its row: `head + b"%d" % sequence + middle + row_json + b"}\\n"` is the
+    line `record_line` writes for Modification(schema.timestamp, sequence, schema.lsn, 0,
+    IMPORT, namespace, name, None, row). Each part is encoded on its own, in the order
+    of `modification_object`'s keys (tests/sinks/test_file_arrow_lines.py compares)."""
+    ts = dumps(schema.timestamp).decode()
+    head = '{"kind":"modification","timestamp":' + ts + ',"sequence":'
+    middle = (
+        f',"lsn":{schema.lsn},"xid":0,"operation":"IMPORT",'
+        f'"namespace":{dumps(schema.namespace).decode()},"name":{dumps(schema.name).decode()},'
+        '"before":null,"after":'
+    )
+    return head.encode(), middle.encode()

@@ -1,0 +1,130 @@
+"""The sinks pg2sink can write to, registered in one place.
+
+A sink is a folder `pg2sink/sinks/<name>/`: its options (a config dataclass whose fields
+carry `flag(...)` metadata, config.py), its Sink (sinks/base.py) and, when its tables'
+rows can be imported, the ImportTarget its `import_target()` returns. Its entry below
+is all the rest of pg2sink knows of it: `--sink` takes the entries' names, `pg2sink
+stream --help` shows each entry's options under its group, the CLI builds the chosen
+entry's config, the stream creates the sink from it, and imports write through the
+entry's import target. The modules that need a
+client library (confluent-kafka...) are imported only when their sink is chosen; a
+missing one is a one-line error naming the extra to install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from pg2sink.errors import ConfigError
+from pg2sink.sinks.file.config import GROUP as FILE_GROUP
+from pg2sink.sinks.file.config import FileConfig
+from pg2sink.sinks.kafka.config import GROUP as KAFKA_GROUP
+from pg2sink.sinks.kafka.config import KafkaConfig
+
+if TYPE_CHECKING:
+    from pg2sink.sinks.base import ImportTarget, Sink
+
+__all__ = ["SINKS", "Checked", "SinkEntry", "entry", "names"]
+
+
+@runtime_checkable
+class Checked(Protocol):
+    """A sink config with checks beyond each option's own (which need no server): the
+    CLI calls `check()` after building it and exits 2 on its ConfigError."""
+
+    def check(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SinkEntry:
+    """One sink: its name, its options and how to make it."""
+
+    name: str
+    """--sink NAME"""
+    help: str
+    """What it is, in a few words (`--help`)."""
+    factory: Callable[[Any], Sink]
+    """Makes the sink (not opened) from its config (None for a sink without one);
+    imports the client library on its first call."""
+    config: type[Any] | None = None
+    """The dataclass of its options; None: it takes none."""
+    group: str | None = None
+    """The `--help` group its options are shown under."""
+    extra: str | None = None
+    """The pip extra its client library comes with, named when it is missing."""
+    imports: Callable[[Any], ImportTarget] | None = None
+    """Where imports write, from its config (sinks/<name>/imports.py); None: its
+    tables' existing rows cannot be imported (jobs stay pending, with a warning)."""
+
+    def create(self, config: object | None) -> Sink:
+        """The sink, from its config (built by the CLI); ConfigError when its library is
+        missing."""
+        try:
+            return self.factory(config)
+        except ImportError as e:
+            raise ConfigError(
+                f"--sink={self.name} needs the {self.extra} extra "
+                f"(pip install 'pg2sink[{self.extra}]'): {e}"
+            ) from None
+
+
+def _file(config: FileConfig) -> Sink:
+    from pg2sink.sinks.file.sink import FileSink
+
+    return FileSink(config.file_path)
+
+
+def _file_imports(config: FileConfig) -> ImportTarget:
+    from pg2sink.sinks.file.imports import FileImportTarget
+
+    return FileImportTarget(config.file_path)
+
+
+def _kafka(config: KafkaConfig) -> Sink:
+    # confluent-kafka and fastavro are the optional [kafka] extra
+    from pg2sink.sinks.kafka.sink import KafkaSink
+
+    return KafkaSink(config)
+
+
+def _kafka_imports(config: KafkaConfig) -> ImportTarget:
+    from pg2sink.sinks.kafka.imports import KafkaImportTarget
+
+    return KafkaImportTarget(config)
+
+
+#: every sink, in the order `--help` shows them (the first is the default)
+SINKS: tuple[SinkEntry, ...] = (
+    SinkEntry(
+        "file",
+        "JSON lines to a file or standard output",
+        _file,
+        FileConfig,
+        FILE_GROUP,
+        imports=_file_imports,
+    ),
+    SinkEntry(
+        "kafka",
+        "Kafka topics, Avro (schema registry) or JSON",
+        _kafka,
+        KafkaConfig,
+        KAFKA_GROUP,
+        extra="kafka",
+        imports=_kafka_imports,
+    ),
+)
+
+
+def names() -> tuple[str, ...]:
+    """The --sink choices."""
+    return tuple(e.name for e in SINKS)
+
+
+def entry(name: str) -> SinkEntry:
+    """The entry of sink `name`; ConfigError naming the choices for an unknown one."""
+    for e in SINKS:
+        if e.name == name:
+            return e
+    raise ConfigError(f"unknown --sink {name!r}: choose one of {', '.join(names())}")
