@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pg2sink.catalog.types import PgType
+from pg2sink.changelog.codecs import KINDS, Kind, ValueCodec
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.changelog.rows import RowDecoder
 from pg2sink.changelog.typemap import codec_for
@@ -40,11 +41,14 @@ class ImportTable:
         """The column names, in the order of the batches' columns."""
         return tuple(f["pg.column"] for f in self.schema.schema["fields"])
 
+    def codecs(self) -> list[ValueCodec]:
+        """Per column, the stream's codec (changelog.typemap.codec_for)."""
+        return [codec_for(t, m) for t, m in zip(self.types, self.typmods, strict=True)]
+
     def converters(self, json_values: bool) -> list[Callable[[bytes], object]]:
         """Per column, the stream's converter: codec.to_json for a sink writing JSON
         (`json_values`), else codec.decode."""
-        codecs = [codec_for(t, m) for t, m in zip(self.types, self.typmods, strict=True)]
-        return [c.to_json if json_values else c.decode for c in codecs]
+        return [c.to_json if json_values else c.decode for c in self.codecs()]
 
     def modification(self, sequence: int, row: dict[str, object]) -> Modification:
         """The IMPORT Modification of a row: the snapshot's time and position, xid 0,
@@ -53,10 +57,6 @@ class ImportTable:
         return Modification(
             s.timestamp, sequence, s.lsn, 0, Operation.IMPORT, s.namespace, s.name, None, row
         )
-
-
-#: the converter of text-like types (typemap's _decode_text): the value is its text
-_AS_TEXT: Callable[[bytes], object] = bytes.decode
 
 
 class BatchDecoder:
@@ -71,8 +71,15 @@ class BatchDecoder:
 
     def __init__(self, table: ImportTable, json_values: bool) -> None:
         self.names = table.names
-        self.converters = table.converters(json_values)
-        self._converters = [None if c is _AS_TEXT else c for c in self.converters]
+        codecs = table.codecs()
+        #: per column, its value kind (changelog.codecs.KINDS)
+        self.kinds: tuple[Kind, ...] = tuple(c.kind for c in codecs)
+        self.converters = [c.to_json if json_values else c.decode for c in codecs]
+        # a text kind's value is its text, which Arrow already gives as a str
+        self._converters = [
+            None if KINDS[kind].text else c
+            for c, kind in zip(self.converters, self.kinds, strict=True)
+        ]
         self._reference = RowDecoder(self.names, self.converters)
         self._make_row = _row_builder(self.names)
 

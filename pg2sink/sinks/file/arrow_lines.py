@@ -1,34 +1,34 @@
 """An import batch's JSON lines built column-wise with Arrow compute kernels (C++).
 
-FileWriter's reference path turns every value of a batch into a Python object, runs
-the stream's converter on it and lets orjson write a dict per row: about 2.4 us of
-Python per row. `LineBuilder` builds the same bytes a column at a time instead:
+The reference path of the file import writer (imports.py) turns every value of a batch
+into a Python object and lets orjson write a line per row: about 2.4 us of Python per
+row. `LineBuilder` builds the same bytes a column at a time instead:
 
 1. Per column, the JSON text of each value (its *fragment*) as an Arrow string array,
-   by the column's converter (`PartitionJob.converters`, the stream's codec.to_json):
+   chosen by the column's value kind (changelog.codecs.KINDS):
 
-   | converter (types)                          | fragment                                 |
+   | kind (types)                               | fragment                                 |
    |--------------------------------------------|------------------------------------------|
-   | int (int2, int4, int8, oid, xid, cid)      | the text as is                           |
-   | _decode_bool (bool)                        | true / false                             |
-   | _json_number (numeric), _json_float (float)| the text as is (a raw number)            |
-   | bytes.decode (text, varchar, json, ...)    | one orjson call over the column's values |
+   | int, long (int2, int4, int8, oid, xid, cid)| the text as is                           |
+   | boolean (bool)                             | true / false                             |
+   | numeric, decimal, float, double            | the text as is (a raw number)            |
+   | text, uuid (text, varchar, json, enum, ...)| one orjson call over the column's values |
    | date, time, timestamp, timestamptz         | the text reshaped: "2024-01-01T10:00:00Z"|
-   | anything else (bytea, arrays, ...)         | the converter and orjson, per value      |
+   | anything else (bytes, arrays)              | the converter and orjson, per value      |
 
    A vectorised form is used only for the text it is exact for, checked per value
    (a regular expression for dates and times, the last character for numbers, ...);
    every other value of such a column (NaN, infinity, BC, year 10000, '-0', ...) goes
-   through the converter and orjson one by one, which also raises the DecodeError of
-   malformed text. NULL is `null`.
-2. One `binary_join_element_wise` of the envelope's constant pieces (the Modification
-   fields FileWriter encodes once), the sequence numbers, the keys and the fragments,
-   and a newline: the batch's lines, one buffer written with one os.write.
+   through the stream's converter (codec.to_json) and orjson one by one, which also
+   raises the DecodeError of malformed text. NULL is `null`.
+2. One `binary_join_element_wise` of the line's constant pieces (changelog.jsonlines
+   `import_envelope`), the sequence numbers, the keys and the fragments, and a newline:
+   the batch's lines, one buffer written with one os.write.
 
-The lines are byte for byte FileWriter's reference path's (tests/imports/test_lines.py
-compares both on PostgreSQL's text for every type family). Text is escaped by orjson
-itself, over a whole column in one call: the list's JSON is cut into the values' JSON
-at each '","' (see `_text`), so no escaping rule is written twice.
+The lines are byte for byte the stream's (tests/sinks/test_file_arrow_lines.py compares
+both on PostgreSQL's text for every type family). Text is escaped by orjson itself,
+over a whole column in one call: the list's JSON is cut into the values' JSON at each
+'","' (see `_text`), so no escaping rule is written twice.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from pg2sink.changelog import typemap
+from pg2sink.changelog.codecs import Kind
 from pg2sink.changelog.jsonenc import default, dumps
 
 __all__ = ["LineBuilder"]
@@ -190,17 +190,22 @@ def _per_value(column: pa.Array) -> _Fragments:
     return _Fragments(column, redo=column.is_valid())
 
 
-#: The vectorised form of each converter (by identity: domains share their base type's).
-_ENCODERS: Mapping[object, _Encoder] = {
-    int: _integer,
-    typemap._decode_bool: _bool,
-    typemap._json_number: _number,
-    typemap._json_float: _float,
-    typemap._decode_text: _text,
-    typemap._decode_timestamptz: _timestamptz,
-    typemap._decode_timestamp: _timestamp,
-    typemap._decode_date: _date,
-    typemap._decode_time: _time,
+#: The vectorised form of each value kind (changelog.codecs; a domain has its base type's
+#: kind); the other kinds (bytes, arrays) go value by value.
+_ENCODERS: Mapping[Kind, _Encoder] = {
+    Kind.INT: _integer,
+    Kind.LONG: _integer,
+    Kind.BOOLEAN: _bool,
+    Kind.NUMERIC: _number,
+    Kind.DECIMAL: _number,
+    Kind.FLOAT: _float,
+    Kind.DOUBLE: _float,
+    Kind.TEXT: _text,
+    Kind.UUID: _text,
+    Kind.TIMESTAMPTZ: _timestamptz,
+    Kind.TIMESTAMP: _timestamp,
+    Kind.DATE: _date,
+    Kind.TIME: _time,
 }
 
 
@@ -210,6 +215,7 @@ class LineBuilder:
     def __init__(
         self,
         names: Sequence[str],
+        kinds: Sequence[Kind],
         converters: Sequence[Callable[[bytes], object]],
         head: bytes,
         middle: bytes,
@@ -218,7 +224,7 @@ class LineBuilder:
         """`head + sequence + middle + row + "}\\n"` is a line; `fail(batch)` raises the
         DecodeError of a batch a converter rejected."""
         self._converters = list(converters)
-        self._encoders = [_ENCODERS.get(c, _per_value) for c in converters]
+        self._encoders = [_ENCODERS.get(k, _per_value) for k in kinds]
         self._fail = fail
         self._head = head.decode()
         # what comes before each fragment: the envelope's middle and the row's first key,

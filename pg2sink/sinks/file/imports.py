@@ -87,7 +87,12 @@ class FileImportWriter:
 
             head, middle = import_envelope(table.schema)
             self._lines = LineBuilder(
-                self._decoder.names, self._decoder.converters, head, middle, self._decoder.fail
+                self._decoder.names,
+                self._decoder.kinds,
+                self._decoder.converters,
+                head,
+                middle,
+                self._decoder.fail,
             )
         self.rows = 0
 
