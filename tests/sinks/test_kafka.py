@@ -44,7 +44,8 @@ from pg2sink.sinks.file import FileSink
 from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.config import KafkaConfig
 from pg2sink.sinks.kafka.formats import modification_json
-from pg2sink.sinks.kafka.sink import KafkaSink, producer_settings
+from pg2sink.sinks.kafka.producer import producer_settings
+from pg2sink.sinks.kafka.sink import KafkaSink
 from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
 from pg2sink.subscription.handlers import ChangelogHandler
 from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for

@@ -2,6 +2,8 @@
 
     config.py   KafkaConfig: its options
     sink.py     KafkaSink: producing, delivery reports, failures
+    producer.py the producer's settings (what the guarantees need), librdkafka's log
+    topic_check.py  whether a topic exists (or is created) before its first message
     acks.py     which checkpoints are durable (acknowledged by draining the producer)
     health.py   whether Kafka is reachable: evidence, hysteresis, one log line per change
     formats.py  message keys and values (Avro wire format or JSON) per table

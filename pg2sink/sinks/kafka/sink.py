@@ -70,7 +70,9 @@ from pg2sink.sinks.kafka.formats import (
     TableFormat,
 )
 from pg2sink.sinks.kafka.health import PROBE_WAIT, BrokerHealth
-from pg2sink.sinks.kafka.topics import TopicRouter, kafka_identity, topic_name
+from pg2sink.sinks.kafka.producer import LibrdkafkaLog, producer_settings, reason
+from pg2sink.sinks.kafka.topic_check import TopicCheck
+from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -86,28 +88,6 @@ DRAIN_AFTER = 1.0
 ROOM_WAIT = 0.002
 #: Longest wait at close() for messages still in flight, in seconds.
 CLOSE_WAIT = 10.0
-#: How long a topic may take to appear when the broker creates topics on first use.
-TOPIC_CREATE_WAIT = 5.0
-#: Timeout of one metadata request, in seconds.
-METADATA_TIMEOUT = 10.0
-
-#: Producer settings pg2sink's guarantees rest on: no duplicates from librdkafka's own
-#: retries, no reordering, and an ack only once every in-sync replica has the message;
-#: reports of failed deliveries only (acks.py: successes are seen by draining).
-REQUIRED_SETTINGS = {
-    "enable.idempotence": "true",
-    "acks": "all",
-    "delivery.report.only.error": "true",
-}
-_SETTING_ALIASES = {"request.required.acks": "acks"}
-#: Producer settings pg2sink cannot work with, and why (named without their value).
-_UNSUPPORTED = {
-    # a transactional producer refuses produce() outside a transaction ("Erroneous
-    # state"), and pg2sink opens none: every message would fail and be retried forever
-    "transactional.id": "pg2sink does not use Kafka transactions (its idempotent "
-    "producer and confirmed LSNs give at-least-once delivery); remove it",
-}
-_ACKS_ALL = frozenset(("all", "-1"))
 
 # librdkafka errors (error_cb) that may mean "Kafka is unreachable": health.BrokerHealth
 # looks before it concludes, and logs each change of state once.
@@ -147,50 +127,6 @@ _HOW_TO_RAISE_LIMITS = (
     "unconfirmed and is sent again after a restart"
 )
 
-_HOW_TO_CREATE = (
-    "create it (kafka-topics.sh --bootstrap-server ... --create --topic {topic}), "
-    "enable auto.create.topics.enable on the broker, or route the table elsewhere with "
-    "--topic-map/--fallback-topic"
-)
-
-
-class _LibrdkafkaLog:
-    """librdkafka's own log lines, at DEBUG: error_cb reports what users need to know,
-    once per change of state, instead of a line per failed connection attempt."""
-
-    def __init__(self) -> None:
-        self._log = logging.getLogger(f"{__name__}.librdkafka")
-
-    def log(self, level: int, msg: str, *args: Any) -> None:
-        self._log.debug(msg, *args)
-
-
-def producer_settings(cfg: KafkaConfig) -> dict[str, str]:
-    """The librdkafka settings: the user's, then the ones pg2sink requires."""
-    settings = {"client.id": "pg2sink"}
-    if cfg.bootstrap_servers:
-        settings["bootstrap.servers"] = cfg.bootstrap_servers
-    for key, value in cfg.producer.reveal().items():
-        name = _SETTING_ALIASES.get(key, key)
-        if name in _UNSUPPORTED:
-            raise ConfigError(f"--kafka-config {key} is not supported: {_UNSUPPORTED[name]}")
-        required = REQUIRED_SETTINGS.get(name)
-        if required is not None and not _same_setting(name, value, required):
-            raise ConfigError(
-                f"--kafka-config {key}={value} is not supported: pg2sink needs "
-                f"{name}={required} to confirm only what Kafka holds durably, in order"
-            )
-        settings[key] = value
-    settings.update(REQUIRED_SETTINGS)
-    return settings
-
-
-def _same_setting(name: str, value: str, required: str) -> bool:
-    value = value.strip().lower()
-    if name == "acks":
-        return value in _ACKS_ALL
-    return value == required
-
 
 class KafkaSink:
     """Sink writing records to Kafka; see the module docstring."""
@@ -203,7 +139,6 @@ class KafkaSink:
         self.json_values = cfg.format == "json"
         self._producer: Any = None
         self._tables: dict[tuple[str, str], tuple[str, TableFormat]] = {}
-        self._checked_topics: set[str] = set()
         self._checkpoints = Checkpoints()
         #: incremented with every new producer: the reports of a replaced one are ignored
         self._generation = 0
@@ -212,6 +147,7 @@ class KafkaSink:
         #: key and value bytes of the failed message
         self._failed_size = 0
         self._health = BrokerHealth(cfg.bootstrap_servers)
+        self._topics = TopicCheck(cfg.bootstrap_servers, self._health)
         self._reported: set[str] = set()
         #: when the producer was last seen empty (time.monotonic)
         self._last_drained = 0.0
@@ -254,11 +190,11 @@ class KafkaSink:
         # failures only (delivery.report.only.error), tagged with this producer's generation
         self._generation += 1
         settings["on_delivery"] = partial(self._on_failure, self._generation)
-        settings["logger"] = _LibrdkafkaLog()
+        settings["logger"] = LibrdkafkaLog()
         try:
             return Producer(settings)
         except (KafkaException, TypeError, ValueError) as e:
-            raise ConfigError(f"invalid --kafka-config: {_reason(e)}") from None
+            raise ConfigError(f"invalid --kafka-config: {reason(e)}") from None
 
     def close(self) -> None:
         """Wait (bounded) for messages in flight; what is left is replayed after restart."""
@@ -349,19 +285,19 @@ class KafkaSink:
 
     def _write_schema(self, s: Schema) -> None:
         topic = self.router.topic(s.namespace, s.name)
-        self._check_topic(topic)
+        self._topics.check(self._producer, topic)
         assert self._format is not None, "the kafka sink was not opened"
         self._tables[(s.namespace, s.name)] = (topic, self._format.table(s, topic))
         schema_topic = self.cfg.schema_topic
         if schema_topic:
-            self._check_topic(schema_topic)
+            self._topics.check(self._producer, schema_topic)
             key = f"{s.namespace}.{s.name}".encode()
             self._produce(schema_topic, key, schema_line(s).rstrip(b"\n"), None)
 
     def _write_message(self, m: MessageRecord) -> None:
         """A logical decoding message: JSON to the message topic, keyed by its prefix."""
         topic = self.message_topic
-        self._check_topic(topic)
+        self._topics.check(self._producer, topic)
         headers = [("lsn", str(m.lsn).encode())]
         if m.xid is not None:
             headers.append(("xid", str(m.xid).encode()))
@@ -427,71 +363,6 @@ class KafkaSink:
         if self._failure is not None:
             self._raise_failure()
 
-    def _check_topic(self, topic: str) -> None:
-        """Once per topic: it exists (or the broker creates it), else a clear error."""
-        if topic in self._checked_topics:
-            return
-        deadline = time.monotonic() + TOPIC_CREATE_WAIT
-        while True:
-            error = self._topic_error(topic)
-            if error is None:
-                break
-            # A broker that creates topics on first use answers "unknown" (then "no
-            # leader") for a moment after the first metadata request created the topic.
-            waiting = error.code() in (
-                KafkaError.UNKNOWN_TOPIC_OR_PART,
-                KafkaError.LEADER_NOT_AVAILABLE,
-            )
-            if not waiting or time.monotonic() >= deadline:
-                raise self._topic_unusable(topic, error)
-            time.sleep(0.2)
-        self._checked_topics.add(topic)
-
-    def _topic_error(self, topic: str) -> KafkaError | None:
-        try:
-            metadata = self._producer.list_topics(topic, timeout=METADATA_TIMEOUT)
-        except KafkaException as e:
-            self._health.probe_failed(_reason(e))
-            raise SinkUnavailableError(
-                f"cannot reach Kafka at {self.cfg.bootstrap_servers} to look up topic "
-                f"{topic!r}: {_reason(e)}"
-            ) from None
-        self._health.reached()
-        found = metadata.topics.get(topic)
-        if found is None:
-            return KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
-        if found.error is None and not found.partitions:
-            return KafkaError(KafkaError.LEADER_NOT_AVAILABLE)
-        error: KafkaError | None = found.error
-        return error
-
-    def _topic_unusable(self, topic: str, error: KafkaError) -> SinkError:
-        clash = self._colliding_topic(topic)
-        if clash is not None:
-            return SinkError(
-                f"Kafka topic {topic!r} cannot be created: it collides with the existing "
-                f"topic {clash!r} (Kafka treats '.' and '_' alike in topic names); route "
-                "the table elsewhere with --topic-map"
-            )
-        if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            return SinkError(
-                f"Kafka topic {topic!r} does not exist and the broker did not create it: "
-                + _HOW_TO_CREATE.format(topic=topic)
-            )
-        if error.code() == KafkaError.LEADER_NOT_AVAILABLE:
-            return SinkUnavailableError(f"Kafka topic {topic!r} has no leader yet")
-        return SinkError(f"Kafka topic {topic!r} cannot be used: {error.str()}")
-
-    def _colliding_topic(self, topic: str) -> str | None:
-        """An existing topic that keeps Kafka from creating `topic` (topics.py), if any:
-        the router sees only this process's tables, the broker every topic."""
-        try:
-            names = self._producer.list_topics(timeout=METADATA_TIMEOUT).topics
-        except KafkaException:
-            return None  # the error about the topic itself stands
-        identity = kafka_identity(topic)
-        return next((n for n in names if n != topic and kafka_identity(n) == identity), None)
-
     # -- librdkafka callbacks (served by poll/flush, on this thread) -----------------
 
     def _on_failure(self, generation: int, error: KafkaError | None, msg: Message) -> None:
@@ -531,11 +402,11 @@ class KafkaSink:
     def _probe(self) -> None:
         """One metadata request (health.py): evidence either way."""
         # a topic already checked keeps the answer small; none asks for every topic
-        topic = next(iter(self._checked_topics), None)
+        topic = self._topics.any_checked()
         try:
             self._producer.list_topics(topic, timeout=PROBE_WAIT)
         except KafkaException as e:
-            self._health.probe_failed(_reason(e))
+            self._health.probe_failed(reason(e))
         else:
             self._health.reached()
 
@@ -608,7 +479,7 @@ class KafkaSink:
         self._queued_bytes = 0
         self._produced = self._delivered  # the purged ones were not
         self._tables.clear()
-        self._checked_topics.clear()
+        self._topics.forget()
         self._failure = None
         if self._producer is not None:
             # queued messages will be produced again by the replay
@@ -626,11 +497,3 @@ class KafkaSink:
         return SinkUnavailableError(
             f"{text}; resending from the last confirmed position (at-least-once)"
         )
-
-
-def _reason(e: BaseException) -> str:
-    """The text of a confluent-kafka exception (a KafkaError inside) or any other."""
-    arg = e.args[0] if e.args else None
-    if isinstance(arg, KafkaError):
-        return str(arg.str())
-    return str(e)

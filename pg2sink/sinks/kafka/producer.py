@@ -1,0 +1,78 @@
+"""The Kafka sink's producer settings: the user's --kafka-config checked against what
+pg2sink's guarantees rest on, and librdkafka's log and error text."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from confluent_kafka import KafkaError
+
+from pg2sink.errors import ConfigError
+from pg2sink.sinks.kafka.config import KafkaConfig
+
+__all__ = ["REQUIRED_SETTINGS", "LibrdkafkaLog", "producer_settings", "reason"]
+
+#: Producer settings pg2sink's guarantees rest on: no duplicates from librdkafka's own
+#: retries, no reordering, and an ack only once every in-sync replica has the message;
+#: reports of failed deliveries only (acks.py: successes are seen by draining).
+REQUIRED_SETTINGS = {
+    "enable.idempotence": "true",
+    "acks": "all",
+    "delivery.report.only.error": "true",
+}
+_SETTING_ALIASES = {"request.required.acks": "acks"}
+#: Producer settings pg2sink cannot work with, and why (named without their value).
+_UNSUPPORTED = {
+    # a transactional producer refuses produce() outside a transaction ("Erroneous
+    # state"), and pg2sink opens none: every message would fail and be retried forever
+    "transactional.id": "pg2sink does not use Kafka transactions (its idempotent "
+    "producer and confirmed LSNs give at-least-once delivery); remove it",
+}
+_ACKS_ALL = frozenset(("all", "-1"))
+
+
+class LibrdkafkaLog:
+    """librdkafka's own log lines, at DEBUG: error_cb reports what users need to know,
+    once per change of state, instead of a line per failed connection attempt."""
+
+    def __init__(self) -> None:
+        self._log = logging.getLogger("pg2sink.sinks.kafka.sink.librdkafka")
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        self._log.debug(msg, *args)
+
+
+def producer_settings(cfg: KafkaConfig) -> dict[str, str]:
+    """The librdkafka settings: the user's, then the ones pg2sink requires."""
+    settings = {"client.id": "pg2sink"}
+    if cfg.bootstrap_servers:
+        settings["bootstrap.servers"] = cfg.bootstrap_servers
+    for key, value in cfg.producer.reveal().items():
+        name = _SETTING_ALIASES.get(key, key)
+        if name in _UNSUPPORTED:
+            raise ConfigError(f"--kafka-config {key} is not supported: {_UNSUPPORTED[name]}")
+        required = REQUIRED_SETTINGS.get(name)
+        if required is not None and not _same_setting(name, value, required):
+            raise ConfigError(
+                f"--kafka-config {key}={value} is not supported: pg2sink needs "
+                f"{name}={required} to confirm only what Kafka holds durably, in order"
+            )
+        settings[key] = value
+    settings.update(REQUIRED_SETTINGS)
+    return settings
+
+
+def _same_setting(name: str, value: str, required: str) -> bool:
+    value = value.strip().lower()
+    if name == "acks":
+        return value in _ACKS_ALL
+    return value == required
+
+
+def reason(e: BaseException) -> str:
+    """The text of a confluent-kafka exception (a KafkaError inside) or any other."""
+    arg = e.args[0] if e.args else None
+    if isinstance(arg, KafkaError):
+        return str(arg.str())
+    return str(e)
