@@ -22,6 +22,8 @@ from pg2sink.sinks.file.config import GROUP as FILE_GROUP
 from pg2sink.sinks.file.config import FileConfig
 from pg2sink.sinks.kafka.config import GROUP as KAFKA_GROUP
 from pg2sink.sinks.kafka.config import KafkaConfig
+from pg2sink.sinks.nats.config import GROUP as NATS_GROUP
+from pg2sink.sinks.nats.config import NatsConfig
 
 if TYPE_CHECKING:
     from pg2sink.sinks.base import ImportTarget, Sink
@@ -95,6 +97,31 @@ def _kafka_imports(config: KafkaConfig) -> ImportTarget:
     return KafkaImportTarget(config)
 
 
+def _nats(config: NatsConfig) -> Sink:
+    # nats-py is the optional [nats] extra
+    from pg2sink.sinks.nats.sink import NatsSink
+
+    return NatsSink(config)
+
+
+def _nats_imports(config: NatsConfig) -> ImportTarget:
+    from pg2sink.sinks.nats.imports import NatsImportTarget
+
+    return NatsImportTarget(config)
+
+
+def _null(config: None) -> Sink:
+    from pg2sink.sinks.null.sink import NullSink
+
+    return NullSink()
+
+
+def _null_imports(config: None) -> ImportTarget:
+    from pg2sink.sinks.null.imports import NullImportTarget
+
+    return NullImportTarget()
+
+
 #: every sink, in the order `--help` shows them (the first is the default)
 SINKS: tuple[SinkEntry, ...] = (
     SinkEntry(
@@ -113,6 +140,21 @@ SINKS: tuple[SinkEntry, ...] = (
         KAFKA_GROUP,
         extra="kafka",
         imports=_kafka_imports,
+    ),
+    SinkEntry(
+        "nats",
+        "NATS JetStream subjects, JSON",
+        _nats,
+        NatsConfig,
+        NATS_GROUP,
+        extra="nats",
+        imports=_nats_imports,
+    ),
+    SinkEntry(
+        "null",
+        "discards everything, acknowledged at once (measuring, dry runs)",
+        _null,
+        imports=_null_imports,
     ),
 )
 

@@ -1,0 +1,149 @@
+"""The NATS JetStream sink's options (--sink=nats; docs/sinks/nats.md)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from pg2sink.errors import ConfigError
+from pg2sink.options import duration, flag
+
+GROUP = "nats sink (--sink=nats)"
+
+#: what a subject token may not hold: the separator, the wildcards, whitespace
+_NOT_IN_TOKEN = re.compile(r"[.*>\s]")
+#: what JetStream refuses in a stream name (it names a directory of the server's store)
+_NOT_IN_STREAM = re.compile(r"[.*>\s/\\]")
+
+
+@dataclass(frozen=True)
+class NatsConfig:
+    """What `--sink=nats` needs (docs/sinks/nats.md). A field's `help` documents it; a
+    docstring under a field says what the code needs beyond it."""
+
+    nats_url: str = flag(
+        "nats://127.0.0.1:4222",
+        group=GROUP,
+        help="NATS server(s), nats://[user:password@]host:port[,nats://...]; tls:// for TLS",
+        metavar="URL",
+        parse=str.strip,
+        secret=True,
+        repr=False,
+    )
+    """May hold a password or a token in its user info, hence not in repr."""
+    nats_subject_prefix: str = flag(
+        "pg2sink",
+        group=GROUP,
+        help="a table's changes go to PREFIX.<schema>.<table>, its Schema records to "
+        "PREFIX.<schema>.<table>.schema, messages (--messages) to PREFIX.messages",
+        metavar="PREFIX",
+        parse=str.strip,
+    )
+    nats_stream: str | None = flag(
+        None,
+        group=GROUP,
+        help="the JetStream stream holding PREFIX.>, created when missing; default: the "
+        "prefix with each '.' as '_'",
+        metavar="NAME",
+    )
+    nats_creds: str | None = flag(
+        None,
+        group=GROUP,
+        help="credentials file (JWT and NKey seed) to log in with",
+        metavar="FILE",
+    )
+    nats_user: str | None = flag(None, group=GROUP, help="user name to log in with", metavar="USER")
+    nats_password: str | None = flag(
+        None,
+        group=GROUP,
+        help="password of --nats-user",
+        metavar="PASSWORD",
+        secret=True,
+        repr=False,
+    )
+    nats_token: str | None = flag(
+        None,
+        group=GROUP,
+        help="authentication token to log in with",
+        metavar="TOKEN",
+        secret=True,
+        repr=False,
+    )
+    nats_tls_ca: str | None = flag(
+        None,
+        group=GROUP,
+        help="CA certificates (PEM) the server's TLS certificate is checked against; implies TLS",
+        metavar="FILE",
+    )
+    nats_ack_timeout: float = duration(
+        10.0,
+        GROUP,
+        "longest wait for JetStream's acknowledgement of a message; past it the stream "
+        "restarts from the last confirmed position",
+    )
+    nats_duplicate_window: float = duration(
+        120.0,
+        GROUP,
+        "duplicate window of a stream pg2sink creates: a message published again within "
+        "it (same Nats-Msg-Id) is stored once",
+    )
+
+    @property
+    def stream(self) -> str:
+        """The stream's name: --nats-stream, else the prefix with '.' as '_'."""
+        return self.nats_stream or self.nats_subject_prefix.replace(".", "_")
+
+    def check(self) -> None:
+        """ConfigError for what can be checked without a server (the CLI calls it)."""
+        prefix = self.nats_subject_prefix
+        if not prefix or any(not t or _NOT_IN_TOKEN.search(t) for t in prefix.split(".")):
+            raise ConfigError(
+                f"invalid --nats-subject-prefix {prefix!r}: dot-separated tokens without "
+                "spaces, '*' or '>'"
+            )
+        if _NOT_IN_STREAM.search(self.stream):
+            raise ConfigError(
+                f"invalid --nats-stream {self.stream!r}: no '.', '*', '>', '/', '\\' or spaces"
+            )
+        for url in self.nats_url.split(","):
+            if urlsplit(url.strip()).scheme not in ("nats", "tls"):
+                raise ConfigError(
+                    "invalid --nats-url: expected nats://host:port or tls://host:port"
+                )
+        if self.nats_password is not None and self.nats_user is None:
+            raise ConfigError("--nats-password needs --nats-user")
+        if self.nats_token is not None and self.nats_user is not None:
+            raise ConfigError("--nats-token and --nats-user exclude each other")
+        for name, path in (("--nats-creds", self.nats_creds), ("--nats-tls-ca", self.nats_tls_ca)):
+            if path is not None and not os.access(path, os.R_OK):
+                raise ConfigError(f"cannot read {name} {path!r}")
+
+    def secrets(self) -> list[str]:
+        """Every secret value of this configuration (for log redaction)."""
+        out = [s for s in (self.nats_password, self.nats_token) if s]
+        for url in self.nats_url.split(","):
+            out += url_secrets(url.strip())
+        return out
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secrets of a NATS URL's user info: the password of user:password, or the
+    token of token@host (a user info without a colon is a token to NATS)."""
+    info, at, _ = urlsplit(url).netloc.rpartition("@")
+    if not at or not info:
+        return []
+    user, colon, password = info.partition(":")
+    if colon:
+        return [password] if password else []
+    return [user]
+
+
+def shown_url(url: str) -> str:
+    """The URL(s) without their user info, for logs and errors."""
+    out = []
+    for one in url.split(","):
+        parts = urlsplit(one.strip())
+        out.append(f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}")
+    return ",".join(out)

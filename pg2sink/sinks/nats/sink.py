@@ -1,0 +1,292 @@
+"""The NATS JetStream sink: one message per record, confirmed only once JetStream
+acknowledged it and everything before it.
+
+Per record (subjects and message ids: subjects.py; payloads: payload.py):
+- Modification: the JSON line of the change to `<prefix>.<schema>.<table>`.
+- Schema: its JSON line to `<prefix>.<schema>.<table>.schema` (not with imports' rows:
+  the import's driver published it once).
+- Message (--messages): its JSON line to `<prefix>.messages`.
+Each message has a Nats-Msg-Id, so JetStream stores a message replayed within the
+stream's duplicate window once.
+
+Publishing (client.py): `write` appends the message to a batch, handed to the loop
+thread every BATCH messages and at each checkpoint, flush and acknowledgement check;
+JetStream acknowledges each message on a reply subject of its own. The sink counts the
+messages it wrote and remembers, per checkpoint, how many came before it: a checkpoint
+is acknowledged once that many messages are acknowledged with no gap, so `acknowledged()`
+is the highest checkpoint whose every message JetStream stored, and a failed message
+holds back every checkpoint after it.
+
+Failures: a JetStream error (no stream holds the subject, a refused message) raises
+SinkError; no acknowledgement within --nats-ack-timeout (the server went away, the
+messages were lost with the connection) raises SinkUnavailableError, so the service
+reconnects to PostgreSQL, which replays from the last confirmed position: the sink
+starts a new generation (client.py) and publishes again, and JetStream drops the
+repeats within its duplicate window (at-least-once; exactly-once within the window).
+
+Backpressure: at most MAX_IN_FLIGHT messages wait for their acknowledgement; `write`
+waits for room beyond that, so memory stays bounded while the server is slow or away.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.records import Message, Modification, Operation, Record, Schema, Truncation
+from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.sinks.nats.client import Outgoing, Publisher
+from pg2sink.sinks.nats.config import NatsConfig
+from pg2sink.sinks.nats.payload import JsonPayload, Payload
+from pg2sink.sinks.nats.subjects import MESSAGES, escape, table_subject
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NatsSink"]
+
+#: Messages gathered before they are handed to the loop thread in one call.
+BATCH = 256
+#: Messages published and not yet acknowledged at most; `write` waits beyond.
+MAX_IN_FLIGHT = 20_000
+#: Longest wait of flush() for acknowledgements, in seconds: short enough that the
+#: replication loop keeps answering PostgreSQL while the server is away.
+FLUSH_WAIT = 1.0
+#: Longest wait at close() for the acknowledgements of what was written.
+CLOSE_WAIT = 10.0
+#: One wait for acknowledgements, in seconds.
+_POLL = 0.001
+
+
+class _Table:
+    """A table's subjects and the parts of its messages' ids, made once."""
+
+    __slots__ = ("id_suffix", "key", "schema_subject", "subject")
+
+    def __init__(self, prefix: str, schema: Schema) -> None:
+        self.subject = table_subject(prefix, schema.namespace, schema.name)
+        self.schema_subject = self.subject + ".schema"
+        names = f"{escape(schema.namespace)}.{escape(schema.name)}"
+        self.id_suffix = ":" + names
+        self.key = tuple(schema.primary_key or schema.schema.get("pg.primary_key") or ())
+
+
+class NatsSink:
+    """Sink publishing records to NATS JetStream; see the module docstring."""
+
+    def __init__(
+        self, cfg: NatsConfig, payload: Payload | None = None, *, schemas: bool = True
+    ) -> None:
+        """`schemas`: publish Schema records (False: only learn the table from them, as
+        imports' executors do)."""
+        self.cfg = cfg
+        self._payload = payload or JsonPayload()
+        self.json_values = self._payload.json_values
+        self._schemas = schemas
+        self._publisher: Publisher | None = None
+        self._tables: dict[tuple[str, str], _Table] = {}
+        self._messages_subject = f"{cfg.nats_subject_prefix}.{MESSAGES}"
+        self._generation = 1
+        self._batch: list[Outgoing] = []
+        #: messages written in this generation, and their bytes
+        self._written = 0
+        self._written_bytes = 0
+        #: (messages written before it, their bytes, lsn) of each checkpoint not yet
+        #: acknowledged, oldest first
+        self._checkpoints: deque[tuple[int, int, int]] = deque()
+        self._acknowledged: int | None = None
+        self._acked_bytes = 0
+        #: when the oldest message still waiting was handed over, if nothing waited then
+        self._waiting_since = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Connect and make sure the stream exists; SinkError naming why not."""
+        publisher = Publisher(self.cfg)
+        try:
+            publisher.start()
+        except SinkError:
+            publisher.stop()
+            raise
+        self._publisher = publisher
+
+    def close(self) -> None:
+        """Wait (bounded) for the acknowledgements of what was written, then disconnect;
+        what is not acknowledged is not confirmed and comes again after a restart."""
+        publisher = self._publisher
+        if publisher is None:
+            return
+        try:
+            left = self._wait_acked(CLOSE_WAIT)
+        except SinkError as e:
+            log.warning("%s", e)
+            left = 0
+        finally:
+            self._publisher = None
+            publisher.stop()
+        if left:
+            log.warning(
+                "%d NATS messages not acknowledged at close; they are not confirmed and "
+                "will be sent again after a restart",
+                left,
+            )
+        log.info("nats sink closed")
+
+    # -- records ---------------------------------------------------------------------
+
+    def write(self, record: Record) -> None:
+        cls = record.__class__
+        if cls is Modification or cls is Truncation:
+            m: Modification = record  # type: ignore[assignment]
+            table = self._tables.get((m.namespace, m.name))
+            if table is None:
+                raise SinkError(f"change of {m.namespace}.{m.name} before its Schema record")
+            if m.operation is Operation.IMPORT:
+                msg_id = _import_id(m, table)
+            else:
+                msg_id = f"{m.lsn}:{m.sequence}{table.id_suffix}"
+            self._put(table.subject, self._payload.change(m), msg_id)
+        elif isinstance(record, Message):
+            self._put(
+                self._messages_subject, self._payload.message(record), f"{record.lsn}:message"
+            )
+        else:
+            assert isinstance(record, Schema)
+            table = _Table(self.cfg.nats_subject_prefix, record)
+            self._tables[(record.namespace, record.name)] = table
+            if self._schemas:
+                msg_id = f"{record.lsn}:schema{table.id_suffix}"
+                self._put(table.schema_subject, self._payload.schema(record), msg_id)
+
+    def _put(self, subject: str, payload: bytes, msg_id: str | None) -> None:
+        batch = self._batch
+        batch.append((subject, payload, msg_id))
+        self._written += 1
+        self._written_bytes += len(payload)
+        if len(batch) >= BATCH:
+            self._submit()
+            if self._written - self._acked_count() > MAX_IN_FLIGHT:
+                self._wait_for_room()
+
+    def _submit(self) -> None:
+        """Hand the batch to the loop thread."""
+        if not self._batch:
+            return
+        publisher = self._publisher
+        if publisher is None:
+            raise SinkError("the nats sink was not opened")
+        if self._acked_count() == self._written - len(self._batch):
+            self._waiting_since = time.monotonic()  # nothing waited: the clock starts
+        publisher.submit(self._generation, self._batch)
+        self._batch = []
+
+    def _wait_for_room(self) -> None:
+        """Too many messages wait for their acknowledgement: wait until half of them
+        have one (bounded by --nats-ack-timeout, as every wait)."""
+        log.debug("%d NATS messages wait for acknowledgement; waiting", MAX_IN_FLIGHT)
+        target = self._written - MAX_IN_FLIGHT // 2
+        while self._acked_count() < target:
+            self._check()
+            time.sleep(_POLL)
+
+    # -- acknowledgement -------------------------------------------------------------
+
+    def checkpoint(self, lsn: int) -> None:
+        checkpoints = self._checkpoints
+        if checkpoints and checkpoints[-1][0] == self._written:
+            checkpoints[-1] = (self._written, self._written_bytes, lsn)  # no message since
+        else:
+            checkpoints.append((self._written, self._written_bytes, lsn))
+        self._submit()
+
+    def start_flush(self) -> None:
+        self._submit()
+        self._check()
+
+    def pending_bytes(self) -> int:
+        """Payload bytes written and not yet acknowledged (as of the last checkpoint
+        acknowledged)."""
+        return self._written_bytes - self._acked_bytes
+
+    def acknowledged(self) -> int | None:
+        self._submit()
+        acked = self._check()
+        checkpoints = self._checkpoints
+        while checkpoints and checkpoints[0][0] <= acked:
+            _, self._acked_bytes, self._acknowledged = checkpoints.popleft()
+        return self._acknowledged
+
+    def flush(self) -> int | None:
+        if self._publisher is not None:
+            self._wait_acked(FLUSH_WAIT)
+        return self.acknowledged()
+
+    def _wait_acked(self, seconds: float) -> int:
+        """Submit, then wait up to `seconds` until everything written is acknowledged;
+        the number of messages still waiting."""
+        self._submit()
+        deadline = time.monotonic() + seconds
+        while (left := self._written - self._check()) and time.monotonic() < deadline:
+            time.sleep(_POLL)
+        return left
+
+    def publish_all(self, what: str) -> None:
+        """Wait until JetStream acknowledged everything written (imports); SinkError
+        naming `what` after --nats-ack-timeout without progress."""
+        self._submit()
+        while self._written > self._check():
+            time.sleep(_POLL)
+        log.debug("JetStream acknowledged %s", what)
+
+    def _acked_count(self) -> int:
+        """Messages of this generation acknowledged with no gap before them."""
+        publisher = self._publisher
+        if publisher is None:
+            return 0
+        generation, count = publisher.acked
+        return count if generation == self._generation else 0
+
+    def _check(self) -> int:
+        """The acknowledged count; raises the failure of this generation, or the
+        timeout of messages waiting longer than --nats-ack-timeout without any
+        acknowledgement (the sink then starts over for the replay)."""
+        publisher = self._publisher
+        if publisher is None:
+            return 0
+        failure = publisher.failure
+        if failure is not None and failure[0] == self._generation:
+            self._restart()
+            raise failure[1]
+        acked = self._acked_count()
+        if acked < self._written and not self._batch:
+            waited = time.monotonic() - max(publisher.progress_at, self._waiting_since)
+            if waited > self.cfg.nats_ack_timeout:
+                waiting = self._written - acked
+                self._restart()
+                raise SinkUnavailableError(
+                    f"NATS at {publisher.url} acknowledged none of {waiting} messages for "
+                    f"{waited:.0f}s; resending from the last confirmed position "
+                    "(at-least-once)"
+                )
+        return acked
+
+    def _restart(self) -> None:
+        """Forget this generation's messages: PostgreSQL replays from the last confirmed
+        position (whose Schema records come again, hence the tables too)."""
+        self._generation += 1
+        self._batch = []
+        self._written = self._written_bytes = self._acked_bytes = 0
+        self._checkpoints.clear()
+        self._acknowledged = None
+        self._tables.clear()
+
+
+def _import_id(m: Modification, table: _Table) -> str | None:
+    """An imported row's message id: the snapshot's position and the row's key (see
+    subjects.py); None for a table without a primary key."""
+    if not table.key or m.after is None:
+        return None
+    key = dumps({c: m.after.get(c) for c in table.key}).decode()
+    return f"import:{m.lsn}{table.id_suffix}:{key}"

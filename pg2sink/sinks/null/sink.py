@@ -1,0 +1,51 @@
+"""The null sink: every record is accepted, counted and forgotten.
+
+Nothing is kept, so nothing can be lost: a checkpoint is acknowledged as soon as it is
+given, and the stream confirms it to PostgreSQL at its next status update. Values reach
+it as Python values (json_values False), the decoding the other sinks' callers pay too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pg2sink.changelog.records import Record
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NullSink"]
+
+
+class NullSink:
+    """A Sink (sinks/base.py) that discards: see the module docstring."""
+
+    json_values = False
+
+    def __init__(self) -> None:
+        self.records = 0
+        """Records written since open()."""
+        self._checkpoint: int | None = None
+
+    def open(self) -> None:
+        self.records = 0
+
+    def write(self, record: Record) -> None:
+        self.records += 1
+
+    def checkpoint(self, lsn: int) -> None:
+        self._checkpoint = lsn
+
+    def start_flush(self) -> None:
+        pass
+
+    def pending_bytes(self) -> int:
+        return 0
+
+    def flush(self) -> int | None:
+        return self._checkpoint
+
+    def acknowledged(self) -> int | None:
+        return self._checkpoint
+
+    def close(self) -> None:
+        log.info("null sink closed: %d records discarded", self.records)

@@ -1,0 +1,460 @@
+"""The NATS JetStream sink (--sink=nats) against a real nats-server with JetStream.
+
+Messages are read back from the stream itself (nats-py's get_msg by stream sequence), so
+a test sees what JetStream stored, repeats included: the de-duplication by Nats-Msg-Id
+is observed, not assumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import nats
+import nats.js.errors
+import pytest
+import services
+
+from pg2sink.changelog.jsonenc import loads
+from pg2sink.changelog.jsonlines import record_line
+from pg2sink.changelog.records import (
+    Message,
+    Modification,
+    Operation,
+    Record,
+    Schema,
+    Truncation,
+)
+from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.sinks.nats.client import Publisher
+from pg2sink.sinks.nats.config import NatsConfig, shown_url, url_secrets
+from pg2sink.sinks.nats.sink import NatsSink
+from pg2sink.sinks.nats.subjects import escape, table_subject
+from tests.conftest import Database, Pg2Sink, run_cli, wait_for
+from tests.support import FAST, Proc
+
+T = datetime(2026, 11, 24, 4, 20, 0, 123456, tzinfo=UTC)
+
+
+# --- subjects, ids and options, without a server -----------------------------------------
+
+
+def test_names_are_escaped_injectively_into_one_token() -> None:
+    names = ["users", "my.table", "a b", "a*", "b>", "50%", "%2E", "tab\there", "é.ü", ""]
+    tokens = [escape(n) for n in names]
+    assert tokens[:6] == ["users", "my%2Etable", "a%20b", "a%2A", "b%3E", "50%25"]
+    assert escape("é.ü") == "é%2Eü"
+    assert len(set(tokens)) == len(names)  # '%2E' the name and '.' the name differ
+    for name, token in zip(names, tokens, strict=True):
+        assert not any(c in token for c in ". *>\t") and unquote(token) == name
+    assert table_subject("pg.x", "my schema", "t.1") == "pg.x.my%20schema.t%2E1"
+
+
+def test_url_secrets_and_the_url_shown() -> None:
+    assert url_secrets("nats://me:hunter2@h:4222") == ["hunter2"]
+    assert url_secrets("nats://s3cret-token@h:4222") == ["s3cret-token"]
+    assert url_secrets("nats://h:4222") == [] and url_secrets("nats://me:@h:1") == []
+    assert shown_url("nats://me:pw@a:1, tls://t@b:2") == "nats://a:1,tls://b:2"
+    cfg = NatsConfig(nats_url="nats://u:pw1@h:1", nats_password="pw2", nats_user="u")
+    assert sorted(cfg.secrets()) == ["pw1", "pw2"]
+    assert "pw" not in repr(cfg)
+    assert NatsConfig(nats_subject_prefix="cdc.db1").stream == "cdc_db1"
+
+
+def test_acks_count_only_without_gaps() -> None:
+    publisher = Publisher(NatsConfig())
+    publisher._restart(3)
+    for serial in (0, 2, 3):
+        publisher._acknowledge(serial)
+    assert publisher.acked == (3, 1)  # 1 is missing: 2 and 3 wait for it
+    publisher._acknowledge(1)
+    assert publisher.acked == (3, 4)
+    publisher.stop()  # never started: closes its loop
+
+
+NO_SERVER = {"PGHOST": "127.0.0.1", "PGPORT": "1"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nats-subject-prefix", "a..b"], "invalid --nats-subject-prefix 'a..b'"),
+        (["--nats-subject-prefix", "a.>"], "invalid --nats-subject-prefix 'a.>'"),
+        (["--nats-stream", "a.b"], "invalid --nats-stream 'a.b'"),
+        (["--nats-url", "http://h:1"], "invalid --nats-url: expected nats://host:port"),
+        (["--nats-password", "pw"], "--nats-password needs --nats-user"),
+        (["--nats-creds", "/nonexistent.creds"], "cannot read --nats-creds '/nonexistent.creds'"),
+        (["--nats-ack-timeout", "0s"], "must be greater than zero"),
+    ],
+)
+def test_bad_nats_options_exit_2_with_one_line(args: list[str], message: str) -> None:
+    res = run_cli("--sink", "nats", *args, env=NO_SERVER)
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert message in res.stderr
+
+
+def test_unreachable_server_is_one_line_exit_2() -> None:
+    port = services.free_port()
+    res = run_cli("--sink", "nats", "--nats-url", f"nats://me:Hunter2xyz@127.0.0.1:{port}")
+    assert res.returncode == 2, res.stderr
+    line = res.stderr.strip()
+    assert len(line.splitlines()) == 1, res.stderr
+    assert f"cannot connect to NATS at nats://127.0.0.1:{port}" in line
+    assert "Hunter2xyz" not in res.stderr
+
+
+def test_secrets_never_appear_in_errors_or_help() -> None:
+    secrets = ("Hunter2xyz", "Hunter3xyz", "Hunter4xyz")
+    env = {
+        **NO_SERVER,
+        "PG2SINK_SINK": "nats",
+        "PG2SINK_NATS_URL": f"nats://me:{secrets[0]}@127.0.0.1:{services.free_port()}",
+        "PG2SINK_NATS_USER": "me",
+        "PG2SINK_NATS_PASSWORD": secrets[1],
+    }
+    outputs = []
+    res = run_cli(env=env)
+    assert res.returncode == 2 and "cannot connect to NATS" in res.stderr
+    outputs.append(res.stderr)
+    # a value that does not parse is not quoted back either
+    res = run_cli(env={**env, "PG2SINK_NATS_URL": f"http://{secrets[0]}"})
+    assert res.returncode == 2 and "invalid --nats-url" in res.stderr
+    outputs.append(res.stderr)
+    res = run_cli(env={**env, "PG2SINK_NATS_USER": "", "PG2SINK_NATS_TOKEN": secrets[2]})
+    assert res.returncode == 2
+    outputs.append(res.stderr)
+    helped = run_cli("stream", "--help", env={**env, "PG2SINK_NATS_TOKEN": secrets[2]})
+    assert "--nats-password" in helped.stdout and "PG2SINK_NATS_TOKEN" in helped.stdout
+    outputs += [helped.stdout, helped.stderr]
+    for out in outputs:
+        assert not any(s in out for s in secrets), out
+
+
+# --- the sink against the server ---------------------------------------------------------
+
+
+@dataclass
+class Stored:
+    """One message as JetStream stored it."""
+
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+
+    @property
+    def value(self) -> Any:
+        return loads(self.data, exact_numbers=True)
+
+
+async def _stored(url: str, stream: str) -> list[Stored]:
+    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        js = nc.jetstream(timeout=5)
+        state = (await js.stream_info(stream)).state
+        out = []
+        for seq in range(state.first_seq, state.last_seq + 1) if state.messages else ():
+            m = await js.get_msg(stream, seq)
+            assert m.subject is not None and m.data is not None
+            out.append(Stored(m.subject, m.data, dict(m.headers or {})))
+        return out
+    finally:
+        await nc.close()
+
+
+def stored(url: str, stream: str) -> list[Stored]:
+    """Every message of `stream`, in stream order."""
+    return asyncio.run(_stored(url, stream))
+
+
+async def _delete_stream(url: str, stream: str) -> None:
+    """Delete `stream` (streams outlive a test); a missing one is fine."""
+    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await nc.jetstream(timeout=5).delete_stream(stream)
+    finally:
+        await nc.close()
+
+
+def table_schema(name: str, namespace: str = "public") -> Schema:
+    row = {
+        "type": "record",
+        "name": "value",
+        "namespace": f"{namespace}.{name}",
+        "fields": [{"name": "id", "type": ["null", "int"], "default": None, "pg.column": "id"}],
+        "pg.primary_key": ["id"],
+    }
+    return Schema(T, 10, namespace, name, row, primary_key=("id",))
+
+
+def change(i: int, name: str = "t", op: Operation = Operation.INSERT) -> Modification:
+    row: dict[str, object] = {"id": i}
+    after, before = (None, row) if op is Operation.DELETE else (row, None)
+    return Modification(T, i % 3, 1000 + i, 7, op, "public", name, before, after)
+
+
+@pytest.fixture
+def nats_cfg(nats_url: str, topic_prefix: str) -> Iterator[NatsConfig]:
+    cfg = NatsConfig(nats_url=nats_url, nats_subject_prefix=topic_prefix)
+    yield cfg
+    asyncio.run(_delete_stream(nats_url, cfg.stream))
+
+
+def test_records_arrive_on_their_subjects_with_their_lines(
+    nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
+) -> None:
+    schema = table_schema("my.t")
+    insert = Modification(T, 0, 1001, 7, Operation.INSERT, "public", "my.t", None, {"id": 1})
+    truncate = Truncation(
+        T, 1, 1002, 7, Operation.TRUNCATE, "public", "my.t", None, None, cascade=True
+    )
+    message = Message(T, 1003, 7, True, "app", b"\x00hi")
+    sink = NatsSink(nats_cfg)
+    sink.open()
+    try:
+        records: list[Record] = [schema, insert, truncate, message]
+        for record in records:
+            sink.write(record)
+        sink.checkpoint(1100)
+        assert sink.flush() == 1100
+    finally:
+        sink.close()
+    got = stored(nats_url, topic_prefix)
+    subject = f"{topic_prefix}.public.my%2Et"
+    assert [m.subject for m in got] == [
+        f"{subject}.schema",
+        subject,
+        subject,
+        f"{topic_prefix}.messages",
+    ]
+    # the payload is the file sink's JSON line of the record, without the newline
+    for m, record in zip(got, records, strict=True):
+        assert m.data + b"\n" == record_line(record)
+    assert got[2].value["truncate"] == {"cascade": True, "restart_identity": False}
+    assert [m.headers["Nats-Msg-Id"] for m in got] == [
+        "10:schema:public.my%2Et",
+        "1001:0:public.my%2Et",
+        "1002:1:public.my%2Et",
+        "1003:message",
+    ]
+
+
+def test_checkpoints_follow_the_acks_and_a_replay_is_stored_once(
+    nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
+) -> None:
+    def publish(n: int) -> None:
+        sink = NatsSink(nats_cfg)
+        sink.open()
+        try:
+            assert sink.acknowledged() is None
+            sink.write(table_schema("t"))
+            for i in range(n):
+                sink.write(change(i))
+                if i % 100 == 99:
+                    sink.checkpoint(1000 + i + 1)
+            sink.write(change(n))  # after the last checkpoint: holds no checkpoint back
+            assert sink.flush() == 1000 + n
+            sink.checkpoint(5000)
+            assert sink.flush() == 5000 and sink.pending_bytes() == 0
+        finally:
+            sink.close()
+
+    publish(3000)
+    first = stored(nats_url, topic_prefix)
+    assert len(first) == 3002
+    assert [m.value["after"]["id"] for m in first[1:]] == list(range(3001))
+    # a replay (a restart after a crash) sends the same ids: JetStream keeps one of each
+    publish(3000)
+    assert len(stored(nats_url, topic_prefix)) == 3002
+
+
+def test_a_deleted_stream_is_an_error_and_confirms_nothing_after_it(
+    nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
+) -> None:
+    sink = NatsSink(nats_cfg)
+    sink.open()
+    try:
+        sink.write(table_schema("t"))
+        sink.write(change(1))
+        sink.checkpoint(1100)
+        assert sink.flush() == 1100
+        asyncio.run(_delete_stream(nats_url, nats_cfg.stream))
+        sink.write(change(2))
+        sink.checkpoint(1200)
+        with pytest.raises(SinkError, match="no JetStream stream holds the subjects") as err:
+            wait_for(lambda: sink.flush() == 1200, 10, "the failure")
+        assert len(str(err.value).splitlines()) == 1
+        assert sink.acknowledged() is None  # started over: nothing past the failure
+    finally:
+        sink.close()
+
+
+# --- a server of the test's own, stopped and started ---------------------------------------
+
+
+@pytest.fixture
+def own_nats() -> Iterator[services.NatsServer]:
+    base = Path(tempfile.mkdtemp(prefix="pg2sink-nats-own-"))
+    server = services.NatsServer(base=base / "nats", port=services.free_port())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_no_ack_within_the_timeout_is_unavailable_and_the_replay_is_kept_once(
+    own_nats: services.NatsServer, topic_prefix: str
+) -> None:
+    cfg = NatsConfig(nats_url=own_nats.url, nats_subject_prefix=topic_prefix, nats_ack_timeout=2.0)
+    sink = NatsSink(cfg)
+    sink.open()
+    try:
+        sink.write(table_schema("t"))
+        sink.write(change(1))
+        sink.checkpoint(1100)
+        assert sink.flush() == 1100
+        own_nats.stop()
+        sink.write(change(2))
+        sink.checkpoint(1200)
+        assert sink.flush() == 1100  # not acknowledged: not confirmed
+        with pytest.raises(SinkUnavailableError, match="acknowledged none of 1 messages"):
+            wait_for(lambda: sink.flush() == 1200, 10, "the timeout")
+        own_nats.start()
+        # the replay from the last confirmed position (1100), as the service does it
+        sink.write(table_schema("t"))
+        sink.write(change(2))
+        sink.checkpoint(1200)
+        wait_for(lambda: sink.flush() == 1200, 30, "the replay's acknowledgement")
+    finally:
+        sink.close()
+    got = [m for m in stored(own_nats.url, topic_prefix) if not m.subject.endswith(".schema")]
+    # the first attempt may have reached the server too: one copy either way
+    assert [m.value["after"]["id"] for m in got] == [1, 2]
+
+
+# --- end to end through the CLI ----------------------------------------------------------
+
+
+def nats_args(url: str, prefix: str, *extra: str) -> list[str]:
+    return ["--sink", "nats", "--nats-url", url, "--nats-subject-prefix", prefix, *FAST, *extra]
+
+
+def start(proc: Proc, url: str, prefix: str, *extra: str) -> Pg2Sink:
+    p = proc(*nats_args(url, prefix, *extra)).start()
+    p.wait_streaming()
+    return p
+
+
+@pytest.mark.slow
+def test_changes_on_two_tables_round_trip(
+    db: Database, pg2sink_proc: Proc, nats_url: str, topic_prefix: str
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE SCHEMA app")
+    conn.execute("CREATE TABLE public.users (id int primary key, name text, seen timestamptz)")
+    conn.execute("CREATE TABLE app.orders (id bigint primary key, total numeric)")
+    p = start(pg2sink_proc, nats_url, topic_prefix, "--schema", "public", "--schema", "app")
+    seen = datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)
+    with conn.transaction():
+        conn.execute("INSERT INTO users VALUES (1, 'ada', %s)", (seen,))
+        conn.execute("INSERT INTO app.orders VALUES (10, 3.14159265358979323846)")
+    conn.execute("UPDATE users SET name = 'ada lovelace' WHERE id = 1")
+    conn.execute("DELETE FROM app.orders WHERE id = 10")
+    written = db.current_lsn()
+
+    def changes() -> list[Stored]:
+        got = stored(nats_url, topic_prefix)
+        return [m for m in got if m.value["kind"] == "modification"]
+
+    got = wait_for(lambda: len(changes()) == 4 and changes(), 30, "four changes")
+    users, orders = f"{topic_prefix}.public.users", f"{topic_prefix}.app.orders"
+    assert [(m.subject, m.value["operation"]) for m in got] == [
+        (users, "INSERT"),
+        (orders, "INSERT"),
+        (users, "UPDATE"),
+        (orders, "DELETE"),
+    ]
+    assert got[0].value["after"] == {"id": 1, "name": "ada", "seen": "2024-05-01T10:00:00.123456Z"}
+    assert got[1].value["after"] == {"id": 10, "total": Decimal("3.14159265358979323846")}
+    assert got[2].value["after"]["name"] == "ada lovelace"
+    assert got[3].value["before"] == {"id": 10} and got[3].value["after"] is None
+    assert got[0].value["xid"] == got[1].value["xid"]
+    for m in got:
+        v = m.value
+        assert (
+            m.headers["Nats-Msg-Id"] == f"{v['lsn']}:{v['sequence']}:{m.subject.split('.', 1)[1]}"
+        )
+    schemas = [m for m in stored(nats_url, topic_prefix) if m.subject.endswith(".schema")]
+    assert sorted(m.subject for m in schemas) == [f"{orders}.schema", f"{users}.schema"]
+    # the slot passes the changes once JetStream holds them
+    wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= written, 30, "the slot to pass them")
+    assert p.stop() == 0
+    assert "created JetStream stream" in p.stderr()
+
+
+@pytest.mark.slow
+def test_server_outage_confirms_only_acknowledged_changes_and_loses_none(
+    db: Database, pg2sink_proc: Proc, own_nats: services.NatsServer, topic_prefix: str
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE kv (id int primary key)")
+    p = start(
+        pg2sink_proc, own_nats.url, topic_prefix, "--nats-ack-timeout", "2s", "--log-level", "debug"
+    )
+
+    def ids() -> list[int]:
+        got = stored(own_nats.url, topic_prefix)
+        return [m.value["after"]["id"] for m in got if m.value["kind"] == "modification"]
+
+    for i in range(1, 6):
+        conn.execute("INSERT INTO kv VALUES (%s)", (i,))
+    wait_for(lambda: ids() == [1, 2, 3, 4, 5], 30, "the first five")
+    own_nats.stop()
+    conn.execute("INSERT INTO kv VALUES (6)")
+    after_six = db.current_lsn()
+    for i in range(7, 11):
+        conn.execute("INSERT INTO kv VALUES (%s)", (i,))
+        time.sleep(0.5)
+    time.sleep(3)  # past --nats-ack-timeout: the stream restarts and replays
+    confirmed = db.slot_confirmed_lsn()
+    assert confirmed is not None and confirmed < after_six  # 6 was never acknowledged
+    own_nats.start()
+    for i in range(11, 16):
+        conn.execute("INSERT INTO kv VALUES (%s)", (i,))
+    wait_for(lambda: len(ids()) >= 15, 90, "every insert after the outage")
+    written = db.current_lsn()
+    # nothing lost, and the copies sent before, during and after the outage stored once
+    assert ids() == list(range(1, 16))
+    wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= written, 30, "the slot to pass them")
+    err = p.stderr()
+    assert "unreachable" in err and "retrying" in err and "reachable again" in err
+    assert p.stop() == 0
+
+
+@pytest.mark.slow
+def test_secrets_stay_out_of_debug_logs(
+    db: Database, pg2sink_proc: Proc, nats_url: str, topic_prefix: str
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE t (id int primary key)")
+    # a server without authentication ignores the credentials, which stay secrets
+    url = nats_url.replace("nats://", "nats://me:Hunter2xyz@")
+    p = start(pg2sink_proc, url, topic_prefix, "--log-level", "debug")
+    conn.execute("INSERT INTO t VALUES (1)")
+    wait_for(lambda: len(stored(nats_url, topic_prefix)) == 2, 30, "the insert")
+    assert p.stop() == 0
+    err = p.stderr()
+    assert "connected to NATS at nats://127.0.0.1:" in err and "Hunter2xyz" not in err
