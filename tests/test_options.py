@@ -32,6 +32,7 @@ SAMPLES: dict[str, list[str]] = {
     "registry": ["timeout=5", "basic.auth.credentials.source=URL"],
     "topic_map": ["public.a=x", "public.b=y"],
     "import_backoff_factor": ["3"],
+    "kinesis_create_stream": ["2"],
     "nats_duplicate_window": ["10m"],
 }
 

@@ -22,6 +22,8 @@ from pg2sink.sinks.file.config import GROUP as FILE_GROUP
 from pg2sink.sinks.file.config import FileConfig
 from pg2sink.sinks.kafka.config import GROUP as KAFKA_GROUP
 from pg2sink.sinks.kafka.config import KafkaConfig
+from pg2sink.sinks.kinesis.config import GROUP as KINESIS_GROUP
+from pg2sink.sinks.kinesis.config import KinesisConfig
 from pg2sink.sinks.nats.config import GROUP as NATS_GROUP
 from pg2sink.sinks.nats.config import NatsConfig
 
@@ -97,6 +99,19 @@ def _kafka_imports(config: KafkaConfig) -> ImportTarget:
     return KafkaImportTarget(config)
 
 
+def _kinesis(config: KinesisConfig) -> Sink:
+    # boto3 is the optional [kinesis] extra
+    from pg2sink.sinks.kinesis.sink import KinesisSink
+
+    return KinesisSink(config)
+
+
+def _kinesis_imports(config: KinesisConfig) -> ImportTarget:
+    from pg2sink.sinks.kinesis.imports import KinesisImportTarget
+
+    return KinesisImportTarget(config)
+
+
 def _nats(config: NatsConfig) -> Sink:
     # nats-py is the optional [nats] extra
     from pg2sink.sinks.nats.sink import NatsSink
@@ -140,6 +155,15 @@ SINKS: tuple[SinkEntry, ...] = (
         KAFKA_GROUP,
         extra="kafka",
         imports=_kafka_imports,
+    ),
+    SinkEntry(
+        "kinesis",
+        "an Amazon Kinesis data stream, JSON, keyed by primary key",
+        _kinesis,
+        KinesisConfig,
+        KINESIS_GROUP,
+        extra="kinesis",
+        imports=_kinesis_imports,
     ),
     SinkEntry(
         "nats",

@@ -1,0 +1,82 @@
+"""The Kinesis sink's options (--sink=kinesis; docs/sinks/kinesis.md).
+
+Credentials are not options: boto3 finds them the AWS way (AWS_ACCESS_KEY_ID and
+AWS_SECRET_ACCESS_KEY, AWS_PROFILE or --kinesis-profile, ~/.aws, an instance or task
+role), so no secret is ever on a command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pg2sink.errors import ConfigError
+from pg2sink.options import flag
+
+GROUP = "kinesis sink (--sink=kinesis)"
+
+
+def _shards(text: str) -> int:
+    """A shard count: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"invalid shard count {text!r} (a whole number >= 1)") from None
+    if value < 1:
+        raise ValueError(f"shard count {text!r} must be at least 1")
+    return value
+
+
+@dataclass(frozen=True)
+class KinesisConfig:
+    """What `--sink=kinesis` needs."""
+
+    kinesis_stream: str = flag(
+        "",
+        group=GROUP,
+        help="the Kinesis data stream every record is put to (it must exist, see "
+        "--kinesis-create-stream)",
+        metavar="NAME",
+        parse=str.strip,
+    )
+    kinesis_region: str | None = flag(
+        None,
+        group=GROUP,
+        help="AWS region; default: AWS_REGION, AWS_DEFAULT_REGION or the profile's",
+        metavar="REGION",
+        parse=str.strip,
+    )
+    kinesis_endpoint: str | None = flag(
+        None,
+        group=GROUP,
+        help="Kinesis API endpoint URL (a VPC endpoint, a local server); default: AWS's "
+        "for the region",
+        metavar="URL",
+        parse=str.strip,
+    )
+    kinesis_profile: str | None = flag(
+        None,
+        group=GROUP,
+        help="AWS profile of ~/.aws/config and ~/.aws/credentials; default: AWS_PROFILE, "
+        "else the default credential chain (environment, profile, instance role)",
+        metavar="PROFILE",
+        parse=str.strip,
+    )
+    kinesis_create_stream: int | None = flag(
+        None,
+        group=GROUP,
+        help="create the stream with N shards (provisioned mode) when it does not exist",
+        metavar="N",
+        parse=_shards,
+    )
+    """Shards of a stream created at start; None: a missing stream is an error."""
+
+    def check(self) -> None:
+        """ConfigError for what can be checked without AWS (the CLI calls it)."""
+        if not self.kinesis_stream:
+            raise ConfigError("--sink=kinesis needs --kinesis-stream NAME")
+        endpoint = self.kinesis_endpoint
+        if endpoint and not endpoint.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"invalid --kinesis-endpoint {endpoint!r}: expected http://HOST[:PORT] "
+                "or https://..."
+            )
