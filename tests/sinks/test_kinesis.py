@@ -25,17 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import boto3
 import orjson
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 import services
 
-from pg2sink.catalog.types import PgType
-from pg2sink.changelog.batches import ImportTable
 from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Message, Modification, Operation, Schema, Truncation
-from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.sinks.kinesis.batching import (
     BACKOFF_CAP,
@@ -53,15 +49,15 @@ from pg2sink.sinks.kinesis.payload import MESSAGES_KEY, Payload
 from pg2sink.sinks.kinesis.sender import Sender
 from pg2sink.sinks.kinesis.sink import KinesisSink, _Marks
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
+from tests.sinks.test_null import import_table
 from tests.support import FAST, Proc
+from tests.test_services import kinesis_client
 
 if TYPE_CHECKING:
     from mypy_boto3_kinesis import KinesisClient
     from mypy_boto3_kinesis.type_defs import PutRecordsRequestEntryTypeDef
 
 T = datetime(2026, 11, 24, 4, 30, 0, 123456, tzinfo=UTC)
-INT8 = PgType(oid=20, name="int8", namespace="pg_catalog", kind="b", category="N")
-TEXT = PgType(oid=25, name="text", namespace="pg_catalog", kind="b", category="S")
 #: kinesalite's dummy credentials (services.KINESIS_CLIENT_ENV) with a secret key that is
 #: not a word of pg2sink's log lines: the sink redacts the secret key wherever it appears
 AWS_ENV = {**services.KINESIS_CLIENT_ENV, "AWS_SECRET_ACCESS_KEY": "kinesalite-dummy-secret"}
@@ -222,16 +218,6 @@ def test_marks_acknowledge_only_checkpoints_whose_entries_are_stored() -> None:
 # --- kinesalite ----------------------------------------------------------------------------
 
 
-def client_for(endpoint: str) -> KinesisClient:
-    return boto3.client(
-        "kinesis",
-        endpoint_url=endpoint,
-        region_name=AWS_ENV["AWS_DEFAULT_REGION"],
-        aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
-    )
-
-
 def create_stream(client: KinesisClient, name: str, shards: int) -> None:
     client.create_stream(StreamName=name, ShardCount=shards)
 
@@ -271,7 +257,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def stream(kinesis_endpoint: str, topic_prefix: str) -> Iterator[str]:
     """A new 4-shard stream on the session's kinesalite, deleted afterwards."""
-    client = client_for(kinesis_endpoint)
+    client = kinesis_client(kinesis_endpoint)
     create_stream(client, topic_prefix, 4)
     yield topic_prefix
     client.delete_stream(StreamName=topic_prefix)
@@ -297,7 +283,7 @@ def test_sink_puts_every_record_keyed_and_in_order_per_key(
         assert sink.pending_bytes() == 0
     finally:
         sink.close()
-    records = read_stream(client_for(kinesis_endpoint), stream)
+    records = read_stream(kinesis_client(kinesis_endpoint), stream)
     assert len(records) == 1201
     assert len({shard for shard, _, _ in records}) > 1  # the keys spread over shards
     by_key: dict[str, list[dict[str, Any]]] = {}
@@ -343,7 +329,7 @@ class Throttled:
 def test_sender_resends_throttled_entries_before_newer_ones(
     kinesis_endpoint: str, stream: str
 ) -> None:
-    client = client_for(kinesis_endpoint)
+    client = kinesis_client(kinesis_endpoint)
     # the "hot" key's shard is over its throughput for three requests
     put = Throttled(client, stream, lambda n, i, e: e.key == "hot" and n < 3)
     sender = Sender(put, stream, rand=lambda: 0.01)
@@ -375,7 +361,7 @@ def test_sender_resends_throttled_entries_before_newer_ones(
 def test_a_partial_failure_inside_a_key_repeats_the_later_entries_after_it(
     kinesis_endpoint: str, stream: str
 ) -> None:
-    client = client_for(kinesis_endpoint)
+    client = kinesis_client(kinesis_endpoint)
     put = Throttled(client, stream, lambda n, i, e: n == 0 and i == 0)
     sender = Sender(put, stream, rand=lambda: 0.01)
     sender.start()
@@ -401,7 +387,7 @@ def test_open_explains_a_missing_stream_and_creates_it_when_asked(
     sink = KinesisSink(KinesisConfig(topic_prefix, None, kinesis_endpoint, None, 3))
     sink.open()
     sink.close()
-    client = client_for(kinesis_endpoint)
+    client = kinesis_client(kinesis_endpoint)
     try:
         assert len(client.list_shards(StreamName=topic_prefix)["Shards"]) == 3
     finally:
@@ -414,17 +400,6 @@ def test_config_checks() -> None:
     with pytest.raises(ConfigError, match="invalid --kinesis-endpoint 'localhost:1'"):
         KinesisConfig("s", kinesis_endpoint="localhost:1").check()
     KinesisConfig("s", kinesis_endpoint="http://127.0.0.1:1").check()
-
-
-def import_table() -> ImportTable:
-    columns = [
-        RowColumn("id", codec_for(INT8, -1), True),
-        RowColumn("v", codec_for(TEXT, -1), False),
-    ]
-    s = Schema(
-        T, 5, "public", "imp", avro_row_schema("public", "imp", columns), primary_key=("id",)
-    )
-    return ImportTable(s, (INT8, TEXT), (-1, -1))
 
 
 def test_imports_put_the_schema_once_then_every_row_keyed(
@@ -443,10 +418,10 @@ def test_imports_put_the_schema_once_then_every_row_keyed(
         for k in (0, 600)
     ]
     assert executor.write_rows(table, iter(batches)) == 1200
-    got = read_stream(client_for(kinesis_endpoint), stream)
+    got = read_stream(kinesis_client(kinesis_endpoint), stream)
     assert len(got) == 1201
     values = {key: orjson.loads(data) for _, key, data in got}
-    assert values.pop("public.imp")["kind"] == "schema"
+    assert values.pop("public.t")["kind"] == "schema"
     assert values['{"id":601}'] == orjson.loads(
         record_line(table.modification(601, {"id": 601, "v": None}))
     )
@@ -476,7 +451,7 @@ def test_sink_waits_out_an_outage_and_acknowledges_only_what_is_stored(
     caplog.set_level(logging.INFO, logger="pg2sink.sinks.kinesis")
     endpoint = own_kinesalite.address
     name = f"s{uuid.uuid4().hex[:8]}"
-    create_stream(client_for(endpoint), name, 2)
+    create_stream(kinesis_client(endpoint), name, 2)
     sink = KinesisSink(KinesisConfig(name, kinesis_endpoint=endpoint))
     sink.open()
     try:
@@ -496,7 +471,7 @@ def test_sink_waits_out_an_outage_and_acknowledges_only_what_is_stored(
         wait_for(lambda: sink.flush() == 300, 30, "the records put after the outage")
     finally:
         sink.close()
-    got = read_stream(client_for(endpoint), name)
+    got = read_stream(kinesis_client(endpoint), name)
     ids = [orjson.loads(d)["after"]["i"] for _, k, d in got if k != "public.t"]
     assert sorted(ids) == list(range(20))
     warnings = [r.getMessage() for r in caplog.records if "retrying with backoff" in r.getMessage()]
@@ -509,7 +484,7 @@ def test_a_queue_full_for_too_long_is_dropped_for_a_replay(
 ) -> None:
     endpoint = own_kinesalite.address
     name = f"s{uuid.uuid4().hex[:8]}"
-    create_stream(client_for(endpoint), name, 1)
+    create_stream(kinesis_client(endpoint), name, 1)
     cfg = KinesisConfig(name, kinesis_endpoint=endpoint)
     sink = KinesisSink(cfg, max_queued=2000, stall_wait=0.5)
     sink.open()
@@ -573,7 +548,7 @@ def test_stream_puts_changes_of_two_tables(
     conn.execute("UPDATE lines SET qty = 6")
     conn.execute("DELETE FROM users WHERE id = 2")
     last_commit = db.current_lsn()
-    client = client_for(kinesis_endpoint)
+    client = kinesis_client(kinesis_endpoint)
 
     def records() -> list[tuple[str, str, bytes]]:
         got = read_stream(client, stream)
@@ -613,7 +588,7 @@ def test_stream_confirms_nothing_kinesis_has_not_stored_and_loses_nothing(
 ) -> None:
     endpoint = own_kinesalite.address
     name = f"s{uuid.uuid4().hex[:8]}"
-    client = client_for(endpoint)
+    client = kinesis_client(endpoint)
     create_stream(client, name, 2)
     conn = db.connect()
     conn.execute("CREATE TABLE kv (id int PRIMARY KEY, v int)")
@@ -705,7 +680,9 @@ def test_secrets_stay_out_of_help_errors_and_debug_logs(
     p = pg2sink_proc(*kinesis_args(kinesis_endpoint, stream, "--log-level", "debug"), env=env)
     p.start().wait_streaming()
     conn.execute("INSERT INTO t VALUES (1)")
-    wait_for(lambda: len(read_stream(client_for(kinesis_endpoint), stream)) == 2, 30, "2 records")
+    wait_for(
+        lambda: len(read_stream(kinesis_client(kinesis_endpoint), stream)) == 2, 30, "2 records"
+    )
     assert p.stop() == 0
     err = p.stderr()
     assert "kinesis sink putting to stream" in err
