@@ -22,9 +22,12 @@ from urllib.parse import unquote
 
 import nats
 import nats.js.errors
+import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 import services
 
+from pg2sink.catalog.types import PgType
+from pg2sink.changelog.batches import ImportTable
 from pg2sink.changelog.jsonenc import loads
 from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import (
@@ -35,9 +38,11 @@ from pg2sink.changelog.records import (
     Schema,
     Truncation,
 )
+from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.sinks.nats.client import Publisher
 from pg2sink.sinks.nats.config import NatsConfig, shown_url, url_secrets
+from pg2sink.sinks.nats.imports import NatsImportTarget
 from pg2sink.sinks.nats.sink import NatsSink
 from pg2sink.sinks.nats.subjects import escape, table_subject
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
@@ -243,10 +248,10 @@ def test_records_arrive_on_their_subjects_with_their_lines(
         assert m.data + b"\n" == record_line(record)
     assert got[2].value["truncate"] == {"cascade": True, "restart_identity": False}
     assert [m.headers["Nats-Msg-Id"] for m in got] == [
-        "10:schema:public.my%2Et",
-        "1001:0:public.my%2Et",
-        "1002:1:public.my%2Et",
-        "1003:message",
+        f"10:{subject}.schema",
+        f"1001:0:{subject}",
+        f"1002:1:{subject}",
+        f"1003:{topic_prefix}.messages",
     ]
 
 
@@ -330,7 +335,9 @@ def test_no_ack_within_the_timeout_is_unavailable_and_the_replay_is_kept_once(
         sink.write(change(2))
         sink.checkpoint(1200)
         assert sink.flush() == 1100  # not acknowledged: not confirmed
-        with pytest.raises(SinkUnavailableError, match="acknowledged none of 1 messages"):
+        with pytest.raises(
+            SinkUnavailableError, match=r"acknowledged nothing within --nats-ack-timeout \(2s\)"
+        ):
             wait_for(lambda: sink.flush() == 1200, 10, "the timeout")
         own_nats.start()
         # the replay from the last confirmed position (1100), as the service does it
@@ -394,9 +401,7 @@ def test_changes_on_two_tables_round_trip(
     assert got[0].value["xid"] == got[1].value["xid"]
     for m in got:
         v = m.value
-        assert (
-            m.headers["Nats-Msg-Id"] == f"{v['lsn']}:{v['sequence']}:{m.subject.split('.', 1)[1]}"
-        )
+        assert m.headers["Nats-Msg-Id"] == f"{v['lsn']}:{v['sequence']}:{m.subject}"
     schemas = [m for m in stored(nats_url, topic_prefix) if m.subject.endswith(".schema")]
     assert sorted(m.subject for m in schemas) == [f"{orders}.schema", f"{users}.schema"]
     # the slot passes the changes once JetStream holds them
@@ -458,3 +463,48 @@ def test_secrets_stay_out_of_debug_logs(
     assert p.stop() == 0
     err = p.stderr()
     assert "connected to NATS at nats://127.0.0.1:" in err and "Hunter2xyz" not in err
+
+
+# --- imports -------------------------------------------------------------------------------
+
+
+def import_table(name: str, key: tuple[str, ...]) -> ImportTable:
+    types = (
+        PgType(oid=20, name="int8", namespace="pg_catalog", kind="b", category="N"),
+        PgType(oid=25, name="text", namespace="pg_catalog", kind="b", category="S"),
+    )
+    columns = [
+        RowColumn(n, codec_for(t, -1), n in key) for n, t in zip(("id", "v"), types, strict=True)
+    ]
+    row = avro_row_schema("public", name, columns)
+    return ImportTable(Schema(T, 77, "public", name, row, primary_key=key), types, (-1, -1))
+
+
+def test_imports_publish_rows_and_a_retried_partition_is_stored_once(
+    nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
+) -> None:
+    keyed, keyless = import_table("k", ("id",)), import_table("n", ())
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(["1", "2", "3"]), pa.array(["a", None, "c"])], names=["c0", "c1"]
+    )
+    target = NatsImportTarget(nats_cfg)
+    assert target.begin(keyed.schema) == target and target.problem() is None
+    for _ in range(2):  # a partition retried after its executor died
+        assert target.write_rows(keyed, iter([batch])) == 3
+    target.begin(keyless.schema)
+    for _ in range(2):
+        assert target.write_rows(keyless, iter([batch])) == 3
+    got = stored(nats_url, topic_prefix)
+    k, n = f"{topic_prefix}.public.k", f"{topic_prefix}.public.n"
+    # the Schema records once (by the driver), the keyed rows once (their key is their id),
+    # the rows without a key twice: nothing tells two equal rows apart (at-least-once)
+    assert [m.subject for m in got] == [f"{k}.schema", k, k, k, f"{n}.schema", *[n] * 6]
+    assert [m.value["after"] for m in got[1:4]] == [
+        {"id": 1, "v": "a"},
+        {"id": 2, "v": None},
+        {"id": 3, "v": "c"},
+    ]
+    assert {m.value["operation"] for m in got if m.value["kind"] == "modification"} == {"IMPORT"}
+    assert got[1].headers["Nats-Msg-Id"] == f'import:77:{k}:{{"id":1}}'
+    assert "Nats-Msg-Id" not in got[5].headers
+    assert got[1].data + b"\n" == record_line(keyed.modification(0, {"id": 1, "v": "a"}))

@@ -37,10 +37,11 @@ from collections import deque
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Message, Modification, Operation, Record, Schema, Truncation
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.options import format_duration
 from pg2sink.sinks.nats.client import Outgoing, Publisher
 from pg2sink.sinks.nats.config import NatsConfig
 from pg2sink.sinks.nats.payload import JsonPayload, Payload
-from pg2sink.sinks.nats.subjects import MESSAGES, escape, table_subject
+from pg2sink.sinks.nats.subjects import MESSAGES, table_subject
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +61,13 @@ _POLL = 0.001
 
 
 class _Table:
-    """A table's subjects and the parts of its messages' ids, made once."""
+    """A table's subjects and its key columns, found once per Schema record."""
 
-    __slots__ = ("id_suffix", "key", "schema_subject", "subject")
+    __slots__ = ("key", "schema_subject", "subject")
 
     def __init__(self, prefix: str, schema: Schema) -> None:
         self.subject = table_subject(prefix, schema.namespace, schema.name)
         self.schema_subject = self.subject + ".schema"
-        names = f"{escape(schema.namespace)}.{escape(schema.name)}"
-        self.id_suffix = ":" + names
         self.key = tuple(schema.primary_key or schema.schema.get("pg.primary_key") or ())
 
 
@@ -146,18 +145,20 @@ class NatsSink:
             if m.operation is Operation.IMPORT:
                 msg_id = _import_id(m, table)
             else:
-                msg_id = f"{m.lsn}:{m.sequence}{table.id_suffix}"
+                msg_id = f"{m.lsn}:{m.sequence}:{table.subject}"
             self._put(table.subject, self._payload.change(m), msg_id)
         elif isinstance(record, Message):
             self._put(
-                self._messages_subject, self._payload.message(record), f"{record.lsn}:message"
+                self._messages_subject,
+                self._payload.message(record),
+                f"{record.lsn}:{self._messages_subject}",
             )
         else:
             assert isinstance(record, Schema)
             table = _Table(self.cfg.nats_subject_prefix, record)
             self._tables[(record.namespace, record.name)] = table
             if self._schemas:
-                msg_id = f"{record.lsn}:schema{table.id_suffix}"
+                msg_id = f"{record.lsn}:{table.schema_subject}"
                 self._put(table.schema_subject, self._payload.schema(record), msg_id)
 
     def _put(self, subject: str, payload: bytes, msg_id: str | None) -> None:
@@ -263,12 +264,15 @@ class NatsSink:
         if acked < self._written and not self._batch:
             waited = time.monotonic() - max(publisher.progress_at, self._waiting_since)
             if waited > self.cfg.nats_ack_timeout:
-                waiting = self._written - acked
+                # the same text every time: the service logs a repeated reason once
+                log.debug(
+                    "%d NATS messages unacknowledged for %.1fs", self._written - acked, waited
+                )
                 self._restart()
                 raise SinkUnavailableError(
-                    f"NATS at {publisher.url} acknowledged none of {waiting} messages for "
-                    f"{waited:.0f}s; resending from the last confirmed position "
-                    "(at-least-once)"
+                    f"NATS at {publisher.url} acknowledged nothing within --nats-ack-timeout "
+                    f"({format_duration(self.cfg.nats_ack_timeout)}); resending from the "
+                    "last confirmed position (at-least-once)"
                 )
         return acked
 
@@ -289,4 +293,4 @@ def _import_id(m: Modification, table: _Table) -> str | None:
     if not table.key or m.after is None:
         return None
     key = dumps({c: m.after.get(c) for c in table.key}).decode()
-    return f"import:{m.lsn}{table.id_suffix}:{key}"
+    return f"import:{m.lsn}:{table.subject}:{key}"

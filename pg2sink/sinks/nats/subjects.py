@@ -16,19 +16,23 @@ different names give different tokens, and a token reads back by percent-decodin
 so no table's subject is another's schema subject or the messages subject.
 
 Message ids (the Nats-Msg-Id header; JetStream stores a message whose id it saw within
-the stream's duplicate window once, and acknowledges the repeat as a duplicate):
+the stream's duplicate window once, and acknowledges the repeat as a duplicate): the
+record's WAL position and its subject, so that pg2sinks publishing under different
+prefixes into one stream never share an id:
 
-    <lsn>:<sequence>:<schema>.<table>         a change (a TRUNCATE of several tables is
-                                              one WAL record: the table tells them apart)
-    <lsn>:schema:<schema>.<table>             a Schema record
-    <lsn>:message                             a message
-    import:<lsn>:<schema>.<table>:<key JSON>  an imported row of a table with a primary
-                                              key (the snapshot's position, the row's key)
+    <lsn>:<sequence>:<subject>            a change (the subject tells apart the tables of
+                                          a TRUNCATE, one WAL record)
+    <lsn>:<subject>                       a Schema record (subject ...<table>.schema) or a
+                                          message (subject <prefix>.messages)
+    import:<lsn>:<subject>:<key JSON>     an imported row of a table with a primary key
+                                          (the snapshot's position, the row's key)
 
-with the escaped schema and table names. A replay after a crash or an outage sends the
-same changes with the same ids, so within the window JetStream keeps one copy of each.
-Imported rows of a table without a primary key have no id: nothing tells two equal rows
-apart, so a retried import partition may repeat them (at-least-once).
+A replay after a crash or an outage sends the same changes with the same ids, so within
+the window JetStream keeps one copy of each. A Schema record comes again with the first
+change of its table after a restart, at that change's position: a new id, so it may be
+stored twice (the same content). Imported rows of a table without a primary key have no
+id: nothing tells two equal rows apart, so a retried import partition may repeat them
+(at-least-once).
 """
 
 from __future__ import annotations
