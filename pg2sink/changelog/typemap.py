@@ -76,8 +76,8 @@ from pg2sink.changelog.pgvalues import _json_number as _json_number
 from pg2sink.changelog.rowschema import avro_name, avro_row_schema, nullable
 
 # The codec types, the row schema and the value classes are re-exported: callers take
-# the type mapping from this one module (the private decoders for the Arrow line builder
-# and the fast reader's tests, which key on them).
+# the type mapping from this one module (the decoders' "as" imports keep them reachable
+# as typemap._decode_date etc. for the fast reader's tests, which inline by converter).
 __all__ = [
     "KINDS",
     "Kind",
