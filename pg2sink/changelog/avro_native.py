@@ -17,10 +17,12 @@ path alone: PG2SINK_IMPL=python, or no extension built (no compiler at install);
 choice is made once, in changelog._cmodule. Importing this module raises the
 ConfigError of a PG2SINK_IMPL that cannot run (the CLI has checked it at start).
 
-Why C: for bench-stream's 6 columns the Python path spends ~7 us of interpreter work
-per change (typed decode 1.6, Modification 0.85, Avro value 3.8, key 0.7); the same
-bytes come straight from the text PostgreSQL sent in well under a microsecond (callgrind:
-85,760 -> ~2,760 instructions per change for the decode and both encodings).
+Why C: for bench-stream's 6 columns the Python path spends ~12.6 us per change (fast
+read, Modification, then the reference TableEncoder's value ~9.5 and key ~1.6;
+bench/avro_writers.py, docs/benchmarks.md session 5); the same bytes come straight from
+the text PostgreSQL sent in ~0.18 us (callgrind, when the Python path still had an
+exec-compiled writer: 85,760 -> ~2,760 instructions per change for the decode and both
+encodings).
 """
 
 from __future__ import annotations
