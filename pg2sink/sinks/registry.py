@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pg2sink.errors import ConfigError
+from pg2sink.sinks.duckdb.config import GROUP as DUCKDB_GROUP
+from pg2sink.sinks.duckdb.config import DuckDBConfig
 from pg2sink.sinks.file.config import GROUP as FILE_GROUP
 from pg2sink.sinks.file.config import FileConfig
 from pg2sink.sinks.kafka.config import GROUP as KAFKA_GROUP
@@ -72,6 +74,19 @@ class SinkEntry:
                 f"--sink={self.name} needs the {self.extra} extra "
                 f"(pip install 'pg2sink[{self.extra}]'): {e}"
             ) from None
+
+
+def _duckdb(config: DuckDBConfig) -> Sink:
+    # duckdb is the optional [duckdb] extra
+    from pg2sink.sinks.duckdb.sink import DuckDBSink
+
+    return DuckDBSink(config)
+
+
+def _duckdb_imports(config: DuckDBConfig) -> ImportTarget:
+    from pg2sink.sinks.duckdb.imports import DuckDBImportTarget
+
+    return DuckDBImportTarget(config.duckdb_path)
 
 
 def _file(config: FileConfig) -> Sink:
@@ -173,6 +188,15 @@ SINKS: tuple[SinkEntry, ...] = (
         NATS_GROUP,
         extra="nats",
         imports=_nats_imports,
+    ),
+    SinkEntry(
+        "duckdb",
+        "an embedded DuckDB file: raw changelog tables and latest-state views",
+        _duckdb,
+        DuckDBConfig,
+        DUCKDB_GROUP,
+        extra="duckdb",
+        imports=_duckdb_imports,
     ),
     SinkEntry(
         "null",

@@ -1,0 +1,12 @@
+"""The DuckDB sink (--sink=duckdb): an embedded warehouse file, a raw changelog table and
+a latest-state view per source table (docs/sinks/duckdb.md).
+
+config.py   DuckDBConfig: --duckdb-path
+layout.py   a table's raw columns and DuckDB types, the names, the DDL and the view's SQL
+values.py   Modifications -> an Arrow table of the raw table's columns
+sink.py     DuckDBSink: batches committed with the acknowledged LSN in one transaction
+imports.py  DuckDBImportTarget: imports are not written to DuckDB yet (its problem())
+
+Nothing here imports duckdb at module level but sink.py (the registry imports config.py
+always, and duckdb is the optional [duckdb] extra).
+"""

@@ -1,0 +1,327 @@
+"""A source table in DuckDB: its raw changelog table, its latest-state view, their names,
+column types, the DDL that follows the table's Schema records and the view's SQL.
+
+A `Layout` is what the sink knows of one source table; it is kept (as JSON) in the
+database's `pg2sink_tables`, so a restarted stream finds the same names and columns.
+`evolve` turns a Schema record into the next Layout and the statements that get the raw
+table and the view there (docs/sinks/duckdb.md "Schema evolution").
+
+Raw table: the metadata columns of `META`, a before-image column per key column (the old
+key of a DELETE or of a key-changing UPDATE), then one column per source column, in the
+order they appeared. Names are compared without case, as DuckDB does (PostgreSQL's "A"
+and "a" are two columns, DuckDB's are one): a name already taken gets `_2`, `_3`...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pg2sink.changelog.codecs import Kind, kind_of
+from pg2sink.changelog.records import Schema
+from pg2sink.errors import SinkError
+
+__all__ = [
+    "META",
+    "Column",
+    "Layout",
+    "duckdb_type",
+    "evolve",
+    "quote",
+    "unique_name",
+    "view_sql",
+]
+
+#: DuckDB's DECIMAL holds at most 38 digits; a wider numeric(p,s) is text
+MAX_DECIMAL_DIGITS = 38
+
+#: the metadata columns of every raw table, in order, and their DuckDB types
+META: tuple[tuple[str, str], ...] = (
+    ("_pg2sink_position", "BIGINT"),
+    ("_pg2sink_timestamp", "TIMESTAMPTZ"),
+    ("_pg2sink_lsn", "BIGINT"),
+    ("_pg2sink_sequence", "BIGINT"),
+    ("_pg2sink_xid", "BIGINT"),
+    ("_pg2sink_operation", "VARCHAR"),
+    ("_pg2sink_unchanged_toast", "VARCHAR[]"),
+    ("_pg2sink_text", "MAP(VARCHAR, VARCHAR)"),
+)
+POSITION, OPERATION = "_pg2sink_position", "_pg2sink_operation"
+
+#: DuckDB types by value kind (codecs.KINDS); decimal, int and text depend on the column
+_BY_KIND: Mapping[Kind, str] = {
+    Kind.BOOLEAN: "BOOLEAN",
+    Kind.LONG: "BIGINT",
+    Kind.UUID: "UUID",
+    Kind.BYTES: "BLOB",
+    Kind.FLOAT: "FLOAT",
+    Kind.DOUBLE: "DOUBLE",
+    Kind.DATE: "DATE",
+    Kind.TIME: "TIME",
+    Kind.TIMESTAMP: "TIMESTAMP",
+    Kind.TIMESTAMPTZ: "TIMESTAMPTZ",
+    Kind.NUMERIC: "VARCHAR",
+}
+
+
+def duckdb_type(avro: Mapping[str, Any]) -> str:
+    """The DuckDB type of a column whose (non-null) Avro type is `avro` (its Schema
+    record's field type, with pg.type)."""
+    kind = kind_of(avro)
+    pg_type = avro.get("pg.type")
+    if kind is Kind.INT:
+        return "SMALLINT" if pg_type == "int2" else "INTEGER"
+    if kind is Kind.TEXT:
+        return "JSON" if pg_type in ("json", "jsonb") else "VARCHAR"
+    if kind is Kind.DECIMAL:
+        precision, scale = int(avro["precision"]), int(avro["scale"])
+        if precision > MAX_DECIMAL_DIGITS:
+            return "VARCHAR"  # exact digits as text, as an unconstrained numeric
+        return f"DECIMAL({precision},{scale})"
+    if kind is Kind.ARRAY:
+        return duckdb_type(_non_null(avro["items"])) + "[]"
+    return _BY_KIND[kind]
+
+
+def _non_null(union: Any) -> Mapping[str, Any]:
+    """The value type of a nullable union (["null", T] or ["null", T, "string"])."""
+    branch = union[1] if isinstance(union, list) else union
+    return {"type": branch} if isinstance(branch, str) else branch
+
+
+def quote(identifier: str) -> str:
+    """A DuckDB identifier, double-quoted (any text is safe inside)."""
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def unique_name(candidate: str, taken: set[str]) -> str:
+    """`candidate`, or with `_2`, `_3`... when DuckDB (which ignores case) already has it;
+    the name is added to `taken` (lower-cased names)."""
+    name, n = candidate, 2
+    while name.lower() in taken:
+        name, n = f"{candidate}_{n}", n + 1
+    taken.add(name.lower())
+    return name
+
+
+@dataclass(frozen=True)
+class Column:
+    """One source column in the raw table."""
+
+    column: str
+    """The PostgreSQL column name."""
+    raw: str
+    """Its raw table column."""
+    type: str
+    """Its DuckDB type."""
+    kind: str
+    """Its value kind (codecs.Kind)."""
+    key: bool = False
+    before: str | None = None
+    """The raw column of its before-image (key columns; kept once made)."""
+    dropped: bool = False
+    """Gone from the source table: kept in the raw table, not in the view."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A source table's raw table and view in DuckDB."""
+
+    namespace: str
+    name: str
+    raw: str
+    view: str
+    columns: tuple[Column, ...]
+    """The current columns in the table's order, then the dropped ones."""
+    primary_key: tuple[str, ...]
+
+    def live(self) -> list[Column]:
+        """The columns of the source table now, in its order."""
+        return [c for c in self.columns if not c.dropped]
+
+    def key_columns(self) -> list[Column]:
+        """The key's columns, in key order."""
+        by_name = {c.column: c for c in self.live()}
+        return [by_name[k] for k in self.primary_key]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Layout:
+        columns = tuple(Column(**c) for c in data["columns"])
+        return cls(
+            data["namespace"],
+            data["name"],
+            data["raw"],
+            data["view"],
+            columns,
+            tuple(data["primary_key"]),
+        )
+
+
+# --- schema evolution ---
+
+_DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
+#: integer widenings DuckDB applies in place (ALTER COLUMN ... TYPE)
+_WIDER_INTEGERS = {"SMALLINT": 0, "INTEGER": 1, "BIGINT": 2}
+
+
+def widens(old: str, new: str) -> bool:
+    """Whether every value of DuckDB type `old` is the same value in `new`, written the
+    same way: larger integers, FLOAT to DOUBLE, a decimal with more digits on both sides
+    of the point, a decimal to the text an over-38-digit numeric is."""
+    if old == new:
+        return True
+    if old in _WIDER_INTEGERS and new in _WIDER_INTEGERS:
+        return _WIDER_INTEGERS[old] < _WIDER_INTEGERS[new]
+    if (old, new) == ("FLOAT", "DOUBLE"):
+        return True
+    o, n = _DECIMAL.fullmatch(old), _DECIMAL.fullmatch(new)
+    if o is not None and n is not None:
+        (op, os_), (np_, ns) = (int(x) for x in o.groups()), (int(x) for x in n.groups())
+        return ns >= os_ and np_ - ns >= op - os_
+    # numeric(p,s) beyond 38 digits: DuckDB prints a DECIMAL's digits as PostgreSQL does
+    return o is not None and new == "VARCHAR"
+
+
+def new_layout(schema: Schema, taken: set[str]) -> tuple[Layout, list[str]]:
+    """The Layout of a table first seen, with the statements creating its raw table (the
+    view comes with `evolve`)."""
+    base = f"{schema.namespace}_{schema.name}"
+    view = unique_name(base, taken)
+    raw = unique_name(base + "_raw", taken)
+    layout = Layout(schema.namespace, schema.name, raw, view, (), ())
+    meta = ", ".join(f"{quote(n)} {t}" for n, t in META)
+    return layout, [f"CREATE TABLE {quote(raw)} ({meta})"]
+
+
+def evolve(layout: Layout, schema: Schema) -> tuple[Layout, list[str]]:
+    """The Layout after Schema record `schema`, and the statements that make the raw table
+    and the view so: new columns added (nullable), widened types applied, columns gone
+    from the table kept but left out of the view; SinkError for a type change DuckDB
+    cannot apply without changing values."""
+    taken = {n.lower() for n, _ in META}
+    for c in layout.columns:
+        taken.add(c.raw.lower())
+        if c.before is not None:
+            taken.add(c.before.lower())
+    old = {c.column: c for c in layout.columns}
+    keys = set(schema.primary_key)
+    ddl: list[str] = []
+    live: list[Column] = []
+    for field in schema.schema["fields"]:
+        name = field["pg.column"]
+        avro = _non_null(field["type"])
+        column = _evolved(layout, old.get(name), name, avro, name in keys, taken, ddl)
+        live.append(column)
+    seen = {c.column for c in live}
+    gone = [dataclasses.replace(c, dropped=True) for c in layout.columns if c.column not in seen]
+    evolved = dataclasses.replace(
+        layout, columns=(*live, *gone), primary_key=tuple(schema.primary_key)
+    )
+    if evolved != layout or not layout.columns:
+        ddl.append(view_sql(evolved))
+    return evolved, ddl
+
+
+def _evolved(
+    layout: Layout,
+    column: Column | None,
+    name: str,
+    avro: Mapping[str, Any],
+    key: bool,
+    taken: set[str],
+    ddl: list[str],
+) -> Column:
+    """Column `name` after the Schema record, appending the DDL it needs to `ddl`."""
+    duck = duckdb_type(avro)
+    kind = str(kind_of(avro))
+    raw = quote(layout.raw)
+    if column is None:
+        column = Column(name, unique_name(name, taken), duck, kind)
+        ddl.append(f"ALTER TABLE {raw} ADD COLUMN {quote(column.raw)} {duck}")
+    elif column.type != duck:
+        if not widens(column.type, duck):
+            raise SinkError(
+                f"column {name!r} of {layout.namespace}.{layout.name} changed from DuckDB "
+                f"{column.type} to {duck}, which DuckDB cannot apply to the rows already in "
+                f"{layout.raw} without changing them; nothing after it is confirmed "
+                "(docs/sinks/duckdb.md)"
+            )
+        for target in (column.raw, column.before):
+            if target is not None:
+                ddl.append(f"ALTER TABLE {raw} ALTER COLUMN {quote(target)} TYPE {duck}")
+    column = dataclasses.replace(column, type=duck, kind=kind, key=key, dropped=False)
+    if key and column.before is None:
+        before = unique_name(f"_pg2sink_before_{name}", taken)
+        ddl.append(f"ALTER TABLE {raw} ADD COLUMN {quote(before)} {duck}")
+        column = dataclasses.replace(column, before=before)
+    return column
+
+
+# --- the latest-state view ---
+
+
+def view_names(columns: Iterable[Column]) -> list[str]:
+    """The view's column names: the source's, made unique without case."""
+    taken: set[str] = set()
+    return [unique_name(c.column, taken) for c in columns]
+
+
+def view_sql(layout: Layout) -> str:
+    """CREATE OR REPLACE VIEW of the table's latest state (docs/sinks/duckdb.md "The view").
+
+    Since the last TRUNCATE, each INSERT, UPDATE and IMPORT row puts its key's row, each
+    DELETE (and each UPDATE whose before-image holds another key) removes the old key;
+    per key the last event by `_pg2sink_position` (the order the stream delivered them)
+    wins, and the key is in the view unless that event is a removal. A table without a
+    key is its INSERT and IMPORT rows since the last TRUNCATE."""
+    live = layout.live()
+    names = view_names(live)
+    raw = quote(layout.raw)
+    columns = ", ".join(f"{quote(c.raw)} AS {quote(n)}" for c, n in zip(live, names, strict=True))
+    since = (
+        f"{POSITION} > coalesce((SELECT max({POSITION}) FROM {raw} "
+        f"WHERE {OPERATION} = 'TRUNCATE'), -1)"
+    )
+    keys = layout.key_columns()
+    if not keys:
+        return (
+            f"CREATE OR REPLACE VIEW {quote(layout.view)} AS SELECT {columns or 'NULL AS _'} "
+            f"FROM {raw} WHERE {OPERATION} IN ('INSERT', 'IMPORT') AND {since}"
+        )
+    data = ", ".join(f"{quote(c.raw)}" for c in live)
+    new_key = ", ".join(f"{quote(c.raw)} AS _k{i}" for i, c in enumerate(keys))
+    old_key = ", ".join(f"{quote(c.before or '')} AS _k{i}" for i, c in enumerate(keys))
+    nulls = ", ".join(f"NULL AS {quote(c.raw)}" for c in live)
+    moved = " OR ".join(f"{quote(c.before or '')} IS DISTINCT FROM {quote(c.raw)}" for c in keys)
+    partition = ", ".join(f"_k{i}" for i in range(len(keys)))
+    return f"""CREATE OR REPLACE VIEW {quote(layout.view)} AS
+WITH changes AS (SELECT * FROM {raw} WHERE {since}),
+events AS (
+    SELECT {POSITION} AS _p, FALSE AS _removed, {new_key}, {data}
+    FROM changes WHERE {OPERATION} IN ('INSERT', 'UPDATE', 'IMPORT')
+    UNION ALL
+    SELECT {POSITION}, TRUE, {old_key}, {nulls}
+    FROM changes
+    WHERE {OPERATION} = 'DELETE'
+       OR ({OPERATION} = 'UPDATE' AND {quote(keys[0].before or "")} IS NOT NULL AND ({moved}))
+),
+latest AS (
+    SELECT *, row_number() OVER (PARTITION BY {partition} ORDER BY _p DESC) AS _n FROM events
+)
+SELECT {columns} FROM latest WHERE _n = 1 AND NOT _removed"""
+
+
+def raw_columns(layout: Layout) -> Sequence[str]:
+    """Every raw table column, metadata first, as the Arrow batches carry them."""
+    out = [n for n, _ in META]
+    for c in layout.columns:
+        if c.before is not None:
+            out.append(c.before)
+    out.extend(c.raw for c in layout.columns)
+    return out

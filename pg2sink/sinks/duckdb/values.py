@@ -1,0 +1,175 @@
+"""Modifications of one table -> an Arrow table of its raw table's columns.
+
+The sink's rows hold the stream's Python values (json_values False: Decimal, datetime,
+date, time, bytes, lists...), which Arrow takes as they are, typed by the column's DuckDB
+type. A value the DuckDB type cannot hold (docs/types.md: `PgText` for infinity, BC and
+after-9999 dates and timestamps, time 24:00:00, NaN in numeric(p,s), an array with other
+lower bounds; a `PgArray` of several dimensions, an array holding such elements) is NULL
+in its column and PostgreSQL's text is in the row's `_pg2sink_text` map under the column's
+name (an array with special elements: its JSON form, as the file sink writes it). Float
+NaN and infinities are DuckDB floats; an unconstrained numeric (or one over 38 digits) is
+its exact digits as text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from functools import cache
+from typing import TYPE_CHECKING
+
+from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.pgvalues import PgArray, PgText
+from pg2sink.changelog.records import Modification
+from pg2sink.sinks.duckdb.layout import Layout, raw_columns
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+__all__ = ["arrow_batch", "arrow_type"]
+
+_DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
+
+
+@cache
+def arrow_type(duck: str) -> pa.DataType:
+    """The Arrow type a DuckDB column of type `duck` is loaded from (UUID and JSON as
+    strings: DuckDB casts them on insert)."""
+    import pyarrow as pa
+
+    if duck.endswith("[]"):
+        return pa.list_(arrow_type(duck[:-2]))
+    match = _DECIMAL.fullmatch(duck)
+    if match:
+        return pa.decimal128(int(match[1]), int(match[2]))
+    return {
+        "BOOLEAN": pa.bool_(),
+        "SMALLINT": pa.int16(),
+        "INTEGER": pa.int32(),
+        "BIGINT": pa.int64(),
+        "VARCHAR": pa.string(),
+        "JSON": pa.string(),
+        "UUID": pa.string(),
+        "BLOB": pa.binary(),
+        "FLOAT": pa.float32(),
+        "DOUBLE": pa.float64(),
+        "DATE": pa.date32(),
+        "TIME": pa.time64("us"),
+        "TIMESTAMP": pa.timestamp("us"),
+        "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
+        "VARCHAR[]": pa.list_(pa.string()),
+        "MAP(VARCHAR, VARCHAR)": pa.map_(pa.string(), pa.string()),
+    }[duck]
+
+
+class _NotHeldError(Exception):
+    """A value its DuckDB type cannot hold: the text kept for it."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+def _plain(value: object) -> object:
+    """A value DuckDB holds as it is; PostgreSQL's text (PgText) it cannot hold."""
+    if isinstance(value, PgText):
+        raise _NotHeldError(str(value))
+    return value
+
+
+def _float(value: object) -> object:
+    # NaN and the infinities come as PgText; DuckDB's floats hold them
+    return float(value) if isinstance(value, PgText) else value
+
+
+def _digits(value: object) -> object:
+    """An exact numeric as text: PostgreSQL's digits ('NaN' and infinities as they are)."""
+    return format(value, "f") if isinstance(value, Decimal) else value
+
+
+@cache
+def converter(duck: str) -> Callable[[object], object]:
+    """The function giving a non-null value of DuckDB type `duck` to Arrow; raises
+    _NotHeldError for a value the type cannot hold."""
+    if duck.endswith("[]"):
+        element = converter(duck[:-2])
+
+        def array(value: object) -> object:
+            if isinstance(value, PgText):
+                raise _NotHeldError(str(value))
+            if isinstance(value, PgArray):  # several dimensions: a LIST has one
+                raise _NotHeldError(value.text)
+            assert isinstance(value, list)
+            try:
+                return [None if v is None else element(v) for v in value]
+            except _NotHeldError:
+                raise _NotHeldError(dumps(value).decode()) from None
+
+        return array
+    if duck in ("FLOAT", "DOUBLE"):
+        return _float
+    if duck == "VARCHAR":
+        return _digits
+    return _plain
+
+
+def _column(
+    values: Sequence[object], duck: str, name: str, texts: list[dict[str, str] | None]
+) -> pa.Array:
+    """An Arrow array of one column; specials go to `texts` (per row) under `name`."""
+    import pyarrow as pa
+
+    convert = converter(duck)
+    out: list[object] = []
+    for i, value in enumerate(values):
+        if value is None:
+            out.append(None)
+            continue
+        try:
+            out.append(convert(value))
+        except _NotHeldError as special:
+            out.append(None)
+            row = texts[i]
+            if row is None:
+                row = texts[i] = {}
+            row[name] = special.text
+    return pa.array(out, arrow_type(duck))
+
+
+def arrow_batch(
+    layout: Layout,
+    rows: Sequence[tuple[int, Modification]],
+    unchanged: Sequence[list[str] | None],
+) -> pa.Table:
+    """The raw table rows of `rows` ((position, Modification), in order); `unchanged`
+    gives per row the columns whose unchanged TOASTed value was filled in (or None)."""
+    import pyarrow as pa
+
+    n = len(rows)
+    texts: list[dict[str, str] | None] = [None] * n
+    arrays: list[pa.Array] = []
+    afters = [m.after for _, m in rows]
+    befores = [m.before for _, m in rows]
+    for c in layout.columns:
+        if c.before is not None:
+            old = [None if b is None else b.get(c.column) for b in befores]
+            arrays.append(_column(old, c.type, c.column, [None] * n))
+    for c in layout.columns:
+        values = [None if a is None else a.get(c.column) for a in afters]
+        arrays.append(_column(values, c.type, c.column, texts))
+    modifications = [m for _, m in rows]
+    meta = [
+        pa.array([p for p, _ in rows], pa.int64()),
+        pa.array([m.timestamp for m in modifications], arrow_type("TIMESTAMPTZ")),
+        pa.array([m.lsn for m in modifications], pa.int64()),
+        pa.array([m.sequence for m in modifications], pa.int64()),
+        pa.array([m.xid for m in modifications], pa.int64()),
+        pa.array([str(m.operation) for m in modifications], pa.string()),
+        pa.array(list(unchanged), arrow_type("VARCHAR[]")),
+        pa.array(
+            [None if t is None else list(t.items()) for t in texts],
+            arrow_type("MAP(VARCHAR, VARCHAR)"),
+        ),
+    ]
+    return pa.Table.from_arrays([*meta, *arrays], names=list(raw_columns(layout)))
