@@ -185,33 +185,12 @@ class StreamService:
             time.sleep(min(0.2, deadline - time.monotonic()))
 
     def _session(self, sink: Sink | None, out: TextIO | None) -> None:
+        """One streaming session: prepare, take the slot, stream until stopped or lost."""
         src = self.cfg.source
         with ExitStack() as stack:
             conn = connect(src.dsn)
             stack.callback(conn.close)
-            check_server(conn)
-            if self.imports and not self.started:
-                # A connection setting the JDBC readers cannot honour (a CRL, a key pgjdbc
-                # cannot read...) stops the start before the slot and the publication
-                # exist: every import would fail and retry forever.
-                connection_properties(conn.info)
-            if not self.cfg.decode_only and not self.started:
-                apply_migrations(src.dsn, src.internal_schema)
-                set_capture_ddl(
-                    src.dsn, src.internal_schema, src.slot, src.publication, self.cfg.capture_ddl
-                )
-            if self.cfg.streaming:
-                check_streaming_server(conn.info.server_version)
-            manager = PublicationManager(
-                conn,
-                src.publication,
-                src.schemas,
-                self.table_filter,
-                src.internal_schema,
-                publish_via_partition_root=src.publish_via_partition_root,
-                on_change=self._membership_changed if self.imports else None,
-                allow_no_replica_identity=src.allow_no_replica_identity,
-            )
+            manager = self._prepare(conn)
             stats = self.stats
 
             def poll() -> None:
@@ -221,59 +200,9 @@ class StreamService:
 
             stats.publication_tables = len(self._reconcile(manager).members)
             ensure_slot(conn, src.slot)
-            repl = ReplicationStream(connect(src.dsn, replication=True))
-            stack.callback(repl.close)
-            repl.start(
-                src.slot,
-                src.publication,
-                streaming=self.cfg.streaming,
-                # pgoutput sends logical decoding messages only when asked
-                extra_options=[("messages", "true")] if self.cfg.messages else [],
-            )
-            stats.replication_up()
-            self.reconnect.streaming()
-            if self.imports and self.engine is None:
-                # Only once this process streams from the slot: a transaction committed
-                # after an import's snapshot must be in the slot's stream, and the gate
-                # that orders it after the import rows is this process's (a standby
-                # waiting for the slot runs no imports).
-                self.engine = ImportEngine(
-                    self.cfg, self.stats, self.gate or ImportGate(), _import_target(self.cfg)
-                )
-                self.engine.start()
-            stats.sink_up()
+            repl = self._start_replication(stack)
             stats.set_server_position(server_position(conn, src.slot))
-            if not self.started:
-                if self.http is not None:
-                    log.info("pg2sink is streaming; HTTP API and /metrics on %s", self.http.url)
-                else:
-                    log.info("pg2sink is streaming")
-            self.started = True
-            handler: ChangeHandler
-            if out is not None:
-                handler = DecodeOnlyHandler(out)
-            else:
-                assert sink is not None
-                changelog = ChangelogHandler(
-                    Catalog(conn),
-                    sink,
-                    stats,
-                    messages=self.cfg.messages,
-                    message_prefixes=self.cfg.message_prefixes,
-                    via_partition_root=src.publish_via_partition_root,
-                )
-                handler = changelog
-                if self.gate is not None:  # imports: the gate's stage in front of the builder
-                    stage = self.gate.stage(changelog.builder)
-                    changelog.put_in_front(stage)
-                    # the session's end releases a hold() waiting for this loop's binding
-                    stack.callback(stage.detach)
-                if self.cfg.streaming:
-                    # created after START_REPLICATION took the slot: it deletes old spills
-                    handler = spilling = StreamingHandler(
-                        changelog, self.cfg.spill_dir or default_spill_dir(src.slot)
-                    )
-                    stack.callback(spilling.discard_spills)
+            handler = self._handler(conn, stack, sink, out)
             streamer = Streamer(
                 repl,
                 handler,
@@ -288,6 +217,99 @@ class StreamService:
             if isinstance(handler, StreamingHandler):
                 handler.progress = streamer.tick  # housekeeping during long replays
             streamer.run()
+
+    def _prepare(self, conn: psycopg.Connection[TupleRow]) -> PublicationManager:
+        """The server's checks and, at the first start, pg2sink's schema; the session's
+        publication manager."""
+        src = self.cfg.source
+        check_server(conn)
+        if self.imports and not self.started:
+            # A connection setting the JDBC readers cannot honour (a CRL, a key pgjdbc
+            # cannot read...) stops the start before the slot and the publication
+            # exist: every import would fail and retry forever.
+            connection_properties(conn.info)
+        if not self.cfg.decode_only and not self.started:
+            apply_migrations(src.dsn, src.internal_schema)
+            set_capture_ddl(
+                src.dsn, src.internal_schema, src.slot, src.publication, self.cfg.capture_ddl
+            )
+        if self.cfg.streaming:
+            check_streaming_server(conn.info.server_version)
+        return PublicationManager(
+            conn,
+            src.publication,
+            src.schemas,
+            self.table_filter,
+            src.internal_schema,
+            publish_via_partition_root=src.publish_via_partition_root,
+            on_change=self._membership_changed if self.imports else None,
+            allow_no_replica_identity=src.allow_no_replica_identity,
+        )
+
+    def _start_replication(self, stack: ExitStack) -> ReplicationStream:
+        """START_REPLICATION on a connection of its own; then, once, the import engine."""
+        src, stats = self.cfg.source, self.stats
+        repl = ReplicationStream(connect(src.dsn, replication=True))
+        stack.callback(repl.close)
+        repl.start(
+            src.slot,
+            src.publication,
+            streaming=self.cfg.streaming,
+            # pgoutput sends logical decoding messages only when asked
+            extra_options=[("messages", "true")] if self.cfg.messages else [],
+        )
+        stats.replication_up()
+        self.reconnect.streaming()
+        if self.imports and self.engine is None:
+            # Only once this process streams from the slot: a transaction committed
+            # after an import's snapshot must be in the slot's stream, and the gate
+            # that orders it after the import rows is this process's (a standby
+            # waiting for the slot runs no imports).
+            self.engine = ImportEngine(
+                self.cfg, self.stats, self.gate or ImportGate(), _import_target(self.cfg)
+            )
+            self.engine.start()
+        stats.sink_up()
+        if not self.started:
+            if self.http is not None:
+                log.info("pg2sink is streaming; HTTP API and /metrics on %s", self.http.url)
+            else:
+                log.info("pg2sink is streaming")
+        self.started = True
+        return repl
+
+    def _handler(
+        self,
+        conn: psycopg.Connection[TupleRow],
+        stack: ExitStack,
+        sink: Sink | None,
+        out: TextIO | None,
+    ) -> ChangeHandler:
+        """What the loop feeds: the changelog into the sink (behind the import gate's
+        stage, and spilling with --streaming), or --decode-only's printer."""
+        if out is not None:
+            return DecodeOnlyHandler(out)
+        assert sink is not None
+        src = self.cfg.source
+        changelog = ChangelogHandler(
+            Catalog(conn),
+            sink,
+            self.stats,
+            messages=self.cfg.messages,
+            message_prefixes=self.cfg.message_prefixes,
+            via_partition_root=src.publish_via_partition_root,
+        )
+        if self.gate is not None:  # imports: the gate's stage in front of the builder
+            stage = self.gate.stage(changelog.builder)
+            changelog.put_in_front(stage)
+            # the session's end releases a hold() waiting for this loop's binding
+            stack.callback(stage.detach)
+        if not self.cfg.streaming:
+            return changelog
+        # created after START_REPLICATION took the slot: it deletes old spills
+        spilling = StreamingHandler(changelog, self.cfg.spill_dir or default_spill_dir(src.slot))
+        stack.callback(spilling.discard_spills)
+        return spilling
 
     def _membership_changed(
         self,

@@ -296,28 +296,38 @@ class ImportEngine:
                 len(plan.predicates),
             )
         except Exception as e:
-            if self.stopping:
-                # the process stops: the job stays `running` and resumes at the next start
-                self.gate.finish(schema, table, retry=True)
-                return
-            message = _one_line(e)
-            delay = jobs.fail(conn, internal, job.id, message, self.backoff)
-            self.gate.finish(schema, table, retry=True)
-            progress.state = "failed"
-            self.stats.count_error(e)
-            log.warning(
-                "import of %s failed (attempt %d): %s; next attempt in %.0fs",
-                job.qualified,
-                job.attempts,
-                message,
-                delay,
-            )
+            self._failed(conn, job, progress, e)
         finally:
             self._progress.stop(task)
             if exporter is not None:
                 exporter.close()
             if not conn.closed:
                 jobs.release(conn, internal, job.id)
+
+    def _failed(
+        self,
+        conn: psycopg.Connection[TupleRow],
+        job: jobs.Job,
+        progress: ImportProgress,
+        error: Exception,
+    ) -> None:
+        """A job that raised: retried later with backoff, unless the process stops (the
+        job then stays `running` and resumes at the next start)."""
+        if self.stopping:
+            self.gate.finish(job.schema, job.table, retry=True)
+            return
+        message = _one_line(error)
+        delay = jobs.fail(conn, self.src.internal_schema, job.id, message, self.backoff)
+        self.gate.finish(job.schema, job.table, retry=True)
+        progress.state = "failed"
+        self.stats.count_error(error)
+        log.warning(
+            "import of %s failed (attempt %d): %s; next attempt in %.0fs",
+            job.qualified,
+            job.attempts,
+            message,
+            delay,
+        )
 
     def _plan(self, job: jobs.Job, exporter: ExportedSnapshot) -> tuple[Any, list[int]]:
         """The job's plan at the snapshot, with the partitions stored at its first

@@ -1,7 +1,7 @@
 """LineBuilder (Arrow kernels) against the import writer's reference path and the stream.
 
 The values are PostgreSQL's own text: a table with a column of every type family is
-read with the Spark runner's query (`spark.text_query`, in a session with the stream's
+read with the Spark runner's query (`reads.text_query`, in a session with the stream's
 settings) into Arrow batches, and FileImportWriter writes them once through LineBuilder
 and once through the reference path (the stream's record_line per row): the files must
 be equal byte for byte, and equal to the stream's FileSink lines for the same rows.
@@ -28,7 +28,7 @@ from pg2sink.changelog.rows import RowDecoder
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import DecodeError
 from pg2sink.imports.plan import plan_import
-from pg2sink.imports.spark import text_query
+from pg2sink.imports.reads import text_query
 from pg2sink.sinks.file.imports import FileImportWriter
 from tests.conftest import Database
 

@@ -1,0 +1,106 @@
+"""What a partition of an import reads over JDBC: its query, and the reader's connection.
+
+Values are read with the type's output function, as pgoutput sends them: `col::text`,
+except for types whose cast to text is a function that prints something else (bool
+prints 'true' where boolout prints 't'; bpchar loses its padding; inet shows its
+netmask): those go through format('%s', col), which calls the output function. The
+reader imports the job's exported snapshot in a REPEATABLE READ transaction
+(`sessionInitStatement`), with the stream's session settings, and fetches through a
+cursor (a fetch size) so rows stream instead of being held in memory.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from pg2sink.catalog.server import REPLICATION_SESSION_SETTINGS
+from pg2sink.imports.jdbc import connection_properties
+from pg2sink.imports.plan import ImportPlan
+
+__all__ = ["FETCH_SIZE", "jdbc_reader", "text_query"]
+
+#: Rows the JDBC driver fetches per round trip (a cursor, not the whole result in memory).
+FETCH_SIZE = 20_000
+BOOL_OID = 16
+
+
+def text_query(conn: psycopg.Connection[TupleRow], plan: ImportPlan, predicate: str) -> str:
+    """`SELECT <each published column as the text its output function prints> AS c<i>
+    FROM table WHERE (row filter) AND predicate`: what a partition's JDBC scan reads (see
+    the module docstring)."""
+    function_cast = _function_casts(conn, plan)
+    items = []
+    for i, column in enumerate(plan.columns):
+        ident = sql.Identifier(column.name)
+        expr: sql.Composable
+        if column.type_oid == BOOL_OID:
+            # what boolout prints, without format()'s per-call parsing
+            expr = sql.SQL("CASE WHEN {c} THEN 't' WHEN NOT {c} THEN 'f' END").format(c=ident)
+        elif column.name in function_cast:
+            # format() prints with the output function; NULL stays NULL
+            expr = sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END").format(
+                c=ident
+            )
+        else:
+            expr = sql.SQL("{}::text").format(ident)
+        items.append(sql.SQL("{} AS {}").format(expr, sql.Identifier(f"c{i}")))
+    # The predicate is SQL text that plan_import rendered (and the job store kept):
+    # built from identifiers and literals, never from user input. The row filter is the
+    # publication's, as PostgreSQL deparsed it (pg_get_expr): only the rows it accepts
+    # are published, so only those are imported.
+    where: sql.Composable = sql.SQL(predicate)
+    if plan.row_filter is not None:
+        where = sql.SQL("({}) AND ({})").format(sql.SQL(plan.row_filter), where)
+    query = sql.SQL("SELECT {} FROM {} WHERE {}").format(
+        sql.SQL(", ").join(items), sql.Identifier(plan.schema, plan.table), where
+    )
+    return query.as_string(conn)
+
+
+def _function_casts(conn: psycopg.Connection[TupleRow], plan: ImportPlan) -> set[str]:
+    """Columns whose type (or a domain's base type) casts to text by a function."""
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_attribute a"
+        " JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_type t ON t.oid = a.atttypid"
+        " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped"
+        " AND EXISTS (SELECT 1 FROM pg_cast k WHERE k.casttarget = 'text'::regtype"
+        "  AND k.castsource = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END"
+        "  AND k.castmethod = 'f')",
+        (plan.schema, plan.table),
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def jdbc_reader(conn: psycopg.Connection[TupleRow], snapshot: str) -> tuple[str, dict[str, str]]:
+    """JDBC URL and connection properties of the server `conn` is connected to."""
+    info = conn.info
+    tls = connection_properties(info)  # first: it refuses a Unix socket
+    host = f"[{info.host}]" if ":" in info.host else info.host
+    url = f"jdbc:postgresql://{host}:{info.port}/{quote(info.dbname, safe='')}"
+    settings = sql.SQL(" ").join(
+        sql.SQL("SET {} = {};").format(sql.Identifier(k), sql.Literal(v))
+        for k, v in REPLICATION_SESSION_SETTINGS.items()
+    )
+    # pgjdbc opens the transaction (autocommit is off when fetchsize is set, so that rows
+    # stream through a cursor); SET TRANSACTION must come before any query in it
+    init = sql.SQL(
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION READ ONLY; "
+        "SET TRANSACTION SNAPSHOT {}; {}"
+    ).format(sql.Literal(snapshot), settings)
+    props = {
+        "driver": "org.postgresql.Driver",
+        "user": info.user,
+        "fetchsize": str(FETCH_SIZE),
+        "sessionInitStatement": init.as_string(conn),
+        "ApplicationName": "pg2sink import",
+    }
+    if info.password:
+        props["password"] = info.password
+    # the TLS files, sslpassword and the rest libpq was given (imports/jdbc.py)
+    props.update(tls)
+    return url, props
