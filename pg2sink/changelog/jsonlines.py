@@ -9,7 +9,14 @@ golden files (tests/golden) hold both to the same bytes.
 from __future__ import annotations
 
 from pg2sink.changelog.jsonenc import dumps, dumps_line
-from pg2sink.changelog.records import Message, Modification, Record, Schema, Truncation
+from pg2sink.changelog.records import (
+    Message,
+    Modification,
+    Operation,
+    Record,
+    Schema,
+    Truncation,
+)
 
 __all__ = [
     "import_envelope",
@@ -79,13 +86,19 @@ def import_envelope(schema: Schema) -> tuple[bytes, bytes]:
     """The constant parts of an import row's Modification line, around its sequence
     number and its row: `head + b"%d" % sequence + middle + row_json + b"}\\n"` is the
     line `record_line` writes for Modification(schema.timestamp, sequence, schema.lsn, 0,
-    IMPORT, namespace, name, None, row). Each part is encoded on its own, in the order
-    of `modification_object`'s keys (tests/sinks/test_file_arrow_lines.py compares)."""
-    ts = dumps(schema.timestamp).decode()
-    head = '{"kind":"modification","timestamp":' + ts + ',"sequence":'
-    middle = (
-        f',"lsn":{schema.lsn},"xid":0,"operation":"IMPORT",'
-        f'"namespace":{dumps(schema.namespace).decode()},"name":{dumps(schema.name).decode()},'
-        '"before":null,"after":'
-    )
-    return head.encode(), middle.encode()
+    IMPORT, namespace, name, None, row). The keys, their order and the constant values
+    are `modification_object`'s, each member encoded on its own."""
+    obj = modification_object(
+        Modification(
+            schema.timestamp, 0, schema.lsn, 0, Operation.IMPORT, schema.namespace, schema.name,
+            None, None,
+        )
+    )  # fmt: skip
+    members = [dumps(key) + b":" + dumps(value) for key, value in obj.items()]
+    keys = list(obj)
+    sequence, after = keys.index("sequence"), keys.index("after")
+    if after != len(keys) - 1:
+        raise AssertionError("the row must be the last member of a Modification's object")
+    head = b"{" + b"".join(m + b"," for m in members[:sequence]) + dumps("sequence") + b":"
+    middle = b"".join(b"," + m for m in members[sequence + 1 : after]) + b"," + dumps("after")
+    return head, middle + b":"
