@@ -508,3 +508,54 @@ def test_imports_publish_rows_and_a_retried_partition_is_stored_once(
     assert got[1].headers["Nats-Msg-Id"] == f'import:77:{k}:{{"id":1}}'
     assert "Nats-Msg-Id" not in got[5].headers
     assert got[1].data + b"\n" == record_line(keyed.modification(0, {"id": 1, "v": "a"}))
+
+
+# --- logins --------------------------------------------------------------------------------
+
+
+class PasswordNats(services.NatsServer):
+    """A nats-server that lets in user `me` with password PASSWORD only."""
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--user", "me", "--pass", PASSWORD]
+
+
+PASSWORD = "Hunter5xyz"
+
+
+@pytest.fixture
+def password_nats() -> Iterator[PasswordNats]:
+    base = Path(tempfile.mkdtemp(prefix="pg2sink-nats-auth-"))
+    server = PasswordNats(base=base / "nats", port=services.free_port())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_logins_by_user_and_password_and_a_refused_one(
+    password_nats: PasswordNats, topic_prefix: str
+) -> None:
+    cfg = NatsConfig(
+        nats_url=password_nats.url,
+        nats_subject_prefix=topic_prefix,
+        nats_user="me",
+        nats_password=PASSWORD,
+    )
+    sink = NatsSink(cfg)
+    sink.open()  # connected, and the stream created
+    try:
+        sink.write(table_schema("t"))
+        sink.checkpoint(20)
+        assert sink.flush() == 20
+    finally:
+        sink.close()
+    wrong = f"nats://me:{PASSWORD}-not@{password_nats.url.removeprefix('nats://')}"
+    res = run_cli("--sink", "nats", "--nats-url", wrong, env=NO_SERVER)
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"cannot connect to NATS at {password_nats.url}: " in res.stderr
+    assert "authorization violation" in res.stderr.lower()
+    assert PASSWORD not in res.stderr

@@ -93,6 +93,7 @@ class Publisher:
         self._early: set[int] = set()
         self._pump: asyncio.Task[None] | None = None
         self._away = False
+        self._last_error = "no answer"
 
     # -- the sink's thread ----------------------------------------------------------
 
@@ -124,12 +125,14 @@ class Publisher:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(timeout)
-        except TimeoutError:
-            future.cancel()
-            raise SinkError(f"cannot {what} to NATS at {self.url} within {timeout:.0f}s") from None
         except SinkError:
             raise
         except Exception as e:  # nats-py's, the network's: one line for the user
+            if not future.done():  # our wait ended, not the coroutine
+                future.cancel()
+                raise SinkError(
+                    f"cannot {what} to NATS at {self.url} within {timeout:.0f}s"
+                ) from None
             raise SinkError(f"cannot {what} to NATS at {self.url}: {_reason(e)}") from None
 
     # -- the loop's thread: connection and stream ------------------------------------
@@ -145,23 +148,30 @@ class Publisher:
             options["token"] = cfg.nats_token
         if cfg.nats_tls_ca:
             options["tls"] = ssl.create_default_context(cafile=cfg.nats_tls_ca)
-        # One attempt: a wrong address or login is a one-line error at once. Once
-        # connected, the client reconnects without limit (set below: nats-py reads
-        # these options whenever the connection drops).
-        nc = await nats.connect(
-            servers=[u.strip() for u in cfg.nats_url.split(",")],
-            name="pg2sink",
-            allow_reconnect=False,
-            connect_timeout=CONNECT_WAIT / 2,
-            reconnect_time_wait=RECONNECT_WAIT,
-            pending_size=PENDING_BYTES,
-            error_cb=self._on_error,
-            disconnected_cb=self._on_disconnected,
-            reconnected_cb=self._on_reconnected,
-            **options,
+        # Two quick attempts per server: a wrong address or login is a one-line error at
+        # once (nats-py's own defaults retry for a minute). Once connected, the client
+        # reconnects every RECONNECT_WAIT without limit (set below: nats-py reads these
+        # options whenever the connection drops).
+        try:
+            nc = await nats.connect(
+                servers=[u.strip() for u in cfg.nats_url.split(",")],
+                name="pg2sink",
+                allow_reconnect=False,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.2,
+                connect_timeout=CONNECT_WAIT / 2,
+                pending_size=PENDING_BYTES,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+                **options,
+            )
+        except nats.errors.NoServersError:
+            # the reason is that of the last attempt (nats-py reported it to error_cb)
+            raise SinkError(f"cannot connect to NATS at {self.url}: {self._last_error}") from None
+        nc.options.update(
+            allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=RECONNECT_WAIT
         )
-        nc.options["allow_reconnect"] = True
-        nc.options["max_reconnect_attempts"] = -1
         self._nc = nc
         self._inbox = f"{nc.new_inbox()}."
         await nc.subscribe(self._inbox + "*.*", cb=self._on_ack)
@@ -305,8 +315,9 @@ class Publisher:
     # -- the loop's thread: connection events ----------------------------------------
 
     async def _on_error(self, e: Exception) -> None:
+        self._last_error = _reason(e)
         if not self._away:
-            log.debug("NATS: %s", _reason(e))
+            log.debug("NATS: %s", self._last_error)
 
     async def _on_disconnected(self) -> None:
         if self._nc is not None and not self._nc.is_closed and not self._away:
@@ -325,5 +336,7 @@ class Publisher:
 
 def _reason(e: BaseException) -> str:
     """One line for an exception of nats-py or of the network."""
+    if isinstance(e, TimeoutError):
+        return "no answer in time"
     text = " ".join(str(e).split()) or type(e).__name__
     return text.removeprefix("nats: ")
