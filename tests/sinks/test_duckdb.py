@@ -351,3 +351,25 @@ def test_kill_9_under_a_concurrent_writer_is_exactly_once(
     assert len(logs) == 5 and any("already: skipped" in log for log in logs)
     ((rows,),) = duck_query(path, "SELECT count(*) FROM public_w_raw")
     assert rows > writer.transactions  # the comparison above had work to do
+
+
+# --- imports -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_imports_stay_pending_with_a_warning(
+    db: Database, conn: psycopg.Connection[Any], pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    conn.execute("CREATE TABLE old (id int PRIMARY KEY, s text)")
+    conn.execute("INSERT INTO old VALUES (1, 'there before')")
+    path = tmp_path / "imports.duckdb"
+    p = pg2sink_proc(
+        "--sink", "duckdb", "--duckdb-path", str(path), *FAST, env={"PG2SINK_NO_IMPORTS": "0"}
+    ).start()
+    p.wait_streaming()
+    wait_for(lambda: "stay pending" in p.stderr(), 30, "the pending imports warning")
+    assert "imports cannot write to --sink duckdb yet" in p.stderr()
+    conn.execute("INSERT INTO old VALUES (2, 'streamed')")
+    caught_up(db)
+    assert p.stop() == 0
+    assert duck_rows(path, "public_old", "id") == [(2, "streamed")]

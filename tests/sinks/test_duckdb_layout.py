@@ -1,0 +1,169 @@
+"""The DuckDB sink on its own (a real embedded DuckDB, records made here): names that
+never collide, widening rules, acknowledgements only after the commit, and transactions
+the file already holds skipped."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from pg2sink.changelog.records import Modification, Operation, Schema
+from pg2sink.errors import SinkError
+from pg2sink.sinks.duckdb.config import DuckDBConfig
+from pg2sink.sinks.duckdb.layout import widens
+from pg2sink.sinks.duckdb.sink import DuckDBSink
+
+NOW = datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
+INT = {"type": "int", "pg.type": "int4"}
+TEXT = {"type": "string", "pg.type": "text"}
+
+
+def schema(
+    namespace: str, name: str, *columns: tuple[str, dict[str, Any]], key: str = "id"
+) -> Schema:
+    fields = [
+        {"name": c, "type": ["null", t], "pg.column": c, "pg.key": c == key} for c, t in columns
+    ]
+    keys = (key,) if key in {c for c, _ in columns} else ()
+    return Schema(NOW, 1, namespace, name, {"type": "record", "fields": fields}, 1, keys)
+
+
+def insert(namespace: str, name: str, sequence: int, **after: object) -> Modification:
+    return Modification(NOW, sequence, 100, 7, Operation.INSERT, namespace, name, None, after)
+
+
+def opened(path: Path) -> DuckDBSink:
+    sink = DuckDBSink(DuckDBConfig(str(path)))
+    sink.open()
+    return sink
+
+
+def query(path: Path, sql: str) -> list[tuple[Any, ...]]:
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+def test_names_never_collide(tmp_path: Path) -> None:
+    path = tmp_path / "names.duckdb"
+    sink = opened(path)
+    # public.a_b and public_a.b are both "public_a_b"; "T" and "t" are one name to DuckDB;
+    # x's raw table and x_raw's view are both "public_x_raw"; the columns "A" and "a" are
+    # one name to DuckDB, and "_pg2sink_lsn" is a metadata column's
+    tables = [("public", "a_b"), ("public_a", "b"), ("public", "T"), ("public", "t")]
+    for i, (ns, name) in enumerate(tables):
+        sink.write(schema(ns, name, ("id", INT), ("A", TEXT), ("a", TEXT), ("_pg2sink_lsn", INT)))
+        sink.write(insert(ns, name, 0, id=i, A="upper", a="lower", _pg2sink_lsn=5))
+    sink.write(schema("public", "x", ("id", INT)))
+    sink.write(schema("public", "x_raw", ("id", INT)))
+    sink.checkpoint(200)
+    assert sink.flush() == 200
+    sink.close()
+    layouts = dict(
+        ((ns, name), (view, raw))
+        for ns, name, view, raw in query(
+            path,
+            "SELECT namespace, name, layout->>'view', layout->>'raw' FROM pg2sink_tables",
+        )
+    )
+    names = [n.lower() for pair in layouts.values() for n in pair]
+    assert len(names) == len(set(names)) == 12
+    assert layouts["public", "a_b"] == ("public_a_b", "public_a_b_raw")
+    assert layouts["public_a", "b"] == ("public_a_b_2", "public_a_b_raw_2")
+    assert layouts["public", "x_raw"] == ("public_x_raw_2", "public_x_raw_raw")
+    for i, (ns, name) in enumerate(tables):
+        view = layouts[ns, name][0]
+        cursor_rows = query(path, f'SELECT * FROM "{view}"')
+        assert cursor_rows == [(i, "upper", "lower", 5)]
+
+    def columns(table: str) -> list[str]:
+        rows = query(
+            path,
+            "SELECT column_name FROM information_schema.columns "
+            f"WHERE table_name = '{table}' ORDER BY ordinal_position",
+        )
+        return [c for (c,) in rows]
+
+    # the view has the source's names (made unique without case), the raw table may not
+    assert columns("public_T") == ["id", "A", "a_2", "_pg2sink_lsn"]
+    # (a key column's before-image follows it: columns are added as they appear)
+    raw = ["id", "_pg2sink_before_id", "A", "a_2", "_pg2sink_lsn_2"]
+    assert columns("public_T_raw")[-5:] == raw
+
+
+def test_nothing_is_acknowledged_before_its_commit(tmp_path: Path) -> None:
+    sink = opened(tmp_path / "ack.duckdb")
+    sink.write(schema("public", "t", ("id", INT)))
+    sink.write(insert("public", "t", 0, id=1))
+    assert sink.acknowledged() is None
+    sink.checkpoint(300)
+    assert sink.acknowledged() is None and sink.pending_bytes() > 0
+    sink.start_flush()
+    assert sink.flush() == 300 and sink.pending_bytes() == 0
+    sink.write(insert("public", "t", 0, id=2))  # no checkpoint: not committed at close
+    sink.close()
+    assert query(tmp_path / "ack.duckdb", "SELECT id FROM public_t") == [(1,)]
+
+
+def test_transactions_the_file_holds_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "skip.duckdb"
+    sink = opened(path)
+    sink.write(schema("public", "t", ("id", INT)))
+    sink.write(insert("public", "t", 0, id=1))
+    sink.checkpoint(300)
+    sink.close()
+    again = opened(path)  # the stream replays from the slot's older position
+    again.write(schema("public", "t", ("id", INT)))
+    again.write(insert("public", "t", 0, id=1))
+    again.checkpoint(300)
+    assert again.acknowledged() == 300  # in the file already
+    again.write(insert("public", "t", 0, id=2))
+    again.write(insert("public", "t", 1, id=3))
+    again.write(insert("public", "t", 0, id=2))  # a reconnect replays the torn transaction
+    again.write(insert("public", "t", 1, id=3))
+    again.checkpoint(400)
+    assert again.flush() == 400
+    again.close()
+    assert query(path, "SELECT id FROM public_t_raw ORDER BY id") == [(1,), (2,), (3,)]
+    assert query(path, "SELECT slot, lsn FROM pg2sink_state") == [("pg2sink", 400)]
+
+
+def test_a_failed_commit_confirms_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "fail.duckdb"
+    sink = opened(path)
+    sink.write(schema("public", "t", ("id", INT), ("a", INT)))
+    sink.checkpoint(100)
+    assert sink.flush() == 100
+    sink.write(schema("public", "t", ("id", INT), ("a", TEXT)))
+    sink.write(insert("public", "t", 0, id=1, a="x"))
+    sink.checkpoint(200)
+    with pytest.raises(SinkError, match="changed from DuckDB INTEGER to VARCHAR"):
+        sink.flush()
+    with pytest.raises(SinkError):
+        sink.acknowledged()
+    sink.close()
+    assert query(path, "SELECT lsn FROM pg2sink_state") == [(100,)]
+    assert query(path, "SELECT count(*) FROM public_t_raw") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "applies"),
+    [
+        ("SMALLINT", "INTEGER", True),
+        ("INTEGER", "BIGINT", True),
+        ("BIGINT", "INTEGER", False),
+        ("FLOAT", "DOUBLE", True),
+        ("DECIMAL(10,2)", "DECIMAL(12,4)", True),
+        ("DECIMAL(10,2)", "DECIMAL(10,4)", False),  # fewer digits before the point
+        ("DECIMAL(10,2)", "DECIMAL(12,1)", False),  # fewer after it
+        ("DECIMAL(10,2)", "VARCHAR", True),  # numeric(50,2): its digits as text
+        ("INTEGER", "VARCHAR", False),
+        ("TIMESTAMP", "TIMESTAMPTZ", False),
+        ("INTEGER[]", "BIGINT[]", False),
+    ],
+)
+def test_widening(old: str, new: str, applies: bool) -> None:
+    assert widens(old, new) is applies
