@@ -35,6 +35,7 @@ import services
 from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Message, Modification, Operation, Schema, Truncation
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
+from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.kinesis.batching import (
     BACKOFF_CAP,
     MAX_RECORD_BYTES,
@@ -455,13 +456,17 @@ def test_sink_waits_out_an_outage_and_acknowledges_only_what_is_stored(
     name = f"s{uuid.uuid4().hex[:8]}"
     create_stream(kinesis_client(endpoint), name, 2)
     sink = KinesisSink(KinesisConfig(name, kinesis_endpoint=endpoint))
+    stats = StreamStats()
     sink.open()
     try:
+        stats.sink_up()  # as the service does once the sink is open
+        sink.report_health(stats)
         sink.write(schema())
         for i in range(10):
             sink.write(insert(i, i, 100 + i))
         sink.checkpoint(200)
         assert sink.flush() == 200
+        assert stats.sink_healthy
         own_kinesalite.stop()
         for i in range(10, 20):
             sink.write(insert(i, i % 10, 100 + i))
@@ -469,8 +474,11 @@ def test_sink_waits_out_an_outage_and_acknowledges_only_what_is_stored(
         for _ in range(3):
             assert sink.flush() == 200  # not stored: not acknowledged
         assert sink.pending_bytes() > 0
+        assert not stats.sink_healthy  # GET /status says why
+        assert stats.sink_reason.startswith(f"Kinesis stream {name!r}: cannot reach Kinesis")
         own_kinesalite.start()
         wait_for(lambda: sink.flush() == 300, 30, "the records put after the outage")
+        assert stats.sink_healthy
     finally:
         sink.close()
     got = read_stream(kinesis_client(endpoint), name)

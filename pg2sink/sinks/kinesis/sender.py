@@ -101,6 +101,8 @@ class Sender:
         self._trouble_since: float | None = None
         self._attempts = 0
         self._last_reason = ""
+        #: told the outage's description when trouble starts, "" when it ends
+        self._on_outage: Callable[[str], None] = _ignore
         self._thread = threading.Thread(target=self._run, name="pg2sink-kinesis", daemon=True)
 
     # -- the stream's thread ---------------------------------------------------------
@@ -175,6 +177,16 @@ class Sender:
         """Bytes queued or in flight, not yet stored."""
         with self._cond:
             return self._queued_bytes + self._in_flight_bytes
+
+    def report_outages_to(self, on_outage: Callable[[str], None]) -> None:
+        """Call `on_outage(description)` when requests start failing, and
+        `on_outage("")` when Kinesis stores records again; now with the present state."""
+        self._on_outage = on_outage
+        on_outage(self._outage())
+
+    def _outage(self) -> str:
+        reason = self._reason
+        return f"Kinesis stream {self._stream!r}: {reason}" if reason is not None else ""
 
     def reset(self) -> None:
         """Forget every entry not stored yet (PostgreSQL replays them)."""
@@ -298,6 +310,7 @@ class Sender:
         self._last_reason = reason
         if self._trouble_since is None:
             self._trouble_since = time.monotonic()
+            self._on_outage(self._outage())
             log.warning(
                 "Kinesis stream %r: %s; retrying with backoff (nothing after the last "
                 "stored record is confirmed)",
@@ -311,6 +324,7 @@ class Sender:
         if since is None:
             return
         self._trouble_since = None
+        self._on_outage("")
         log.info(
             "Kinesis stream %r stores records again, after %.1fs and %d failed attempts",
             self._stream,
@@ -318,3 +332,7 @@ class Sender:
             self._attempts,
         )
         self._attempts = 0
+
+
+def _ignore(outage: str) -> None:
+    """No one to tell of outages (before report_outages_to)."""

@@ -13,7 +13,8 @@ only LSNs the stream confirms to PostgreSQL. Throttling and outages are retried 
 backoff while the queue has room; a queue full for the sender's stall wait raises
 SinkUnavailableError (the service reconnects, PostgreSQL replays from the last confirmed
 LSN: at-least-once). A record over 1 MiB, a missing stream, refused access raise
-SinkError and stop the stream with nothing after them confirmed.
+SinkError and stop the stream with nothing after them confirmed. An outage shows in
+GET /status from its first failed request to the first stored one (`report_health`).
 
 Credentials come from boto3's chain (environment, profile, instance role); their
 secret parts are registered for redaction, and boto's own loggers, which print
@@ -52,6 +53,8 @@ from pg2sink.sinks.kinesis.sender import MAX_QUEUED, STALL_WAIT, Sender
 
 if TYPE_CHECKING:
     from mypy_boto3_kinesis import KinesisClient
+
+    from pg2sink.observability.stats import StreamStats
 
 __all__ = ["KinesisSink"]
 
@@ -224,6 +227,12 @@ class KinesisSink:
             raise SinkUnavailableError("AWS credentials are no longer available") from None
         except BotoCoreError as e:
             raise SinkError(f"Kinesis client error: {e}") from None
+
+    def report_health(self, stats: StreamStats) -> None:
+        """Tell `stats` when Kinesis stops storing records and when it stores them again
+        (GET /status), as the sender finds out."""
+        if self._sender is not None:
+            self._sender.report_outages_to(stats.sink_outage)
 
     # -- acknowledgement -------------------------------------------------------------
 
