@@ -559,3 +559,26 @@ def test_logins_by_user_and_password_and_a_refused_one(
     assert f"cannot connect to NATS at {password_nats.url}: " in res.stderr
     assert "authorization violation" in res.stderr.lower()
     assert PASSWORD not in res.stderr
+
+
+def test_a_message_over_max_payload_names_the_limit(
+    nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
+) -> None:
+    sink = NatsSink(nats_cfg)
+    sink.open()
+    try:
+        sink.write(table_schema("t"))
+        sink.checkpoint(100)
+        big = Modification(T, 0, 1001, 7, Operation.INSERT, "public", "t", None, {"v": "x" * 2**21})
+        sink.write(big)
+        sink.write(change(2))  # after the failure: never confirmed
+        sink.checkpoint(1200)
+        with pytest.raises(SinkError, match=r"larger than the NATS server's max_payload") as err:
+            wait_for(lambda: sink.flush() == 1200, 10, "the failure")
+        assert "(2,097,333 bytes)" in str(err.value) and "max_payload (1,048,576)" in str(err.value)
+    finally:
+        sink.close()
+    # the Schema record only: neither the large change nor the one after it
+    assert [m.subject for m in stored(nats_url, topic_prefix)] == [
+        f"{topic_prefix}.public.t.schema"
+    ]

@@ -223,6 +223,8 @@ class Publisher:
             if generation < self._generation:
                 return  # submitted before the restart of its generation
             self._restart(generation)
+        if self.failure is not None and self.failure[0] == generation:
+            return  # nothing is published after a failure
         if self._sent == self.acked[1] and not self._queue:
             self.progress_at = time.monotonic()  # waiting starts now
         self._queue.extend(batch)
@@ -244,32 +246,33 @@ class Publisher:
         queue = self._queue
         while queue:
             subject, payload, msg_id = queue.popleft()
-            reply = f"{self._inbox}{self._generation}.{self._sent}"
+            # the serial is taken before the await: a restart while nats-py waits (a full
+            # flush queue) starts the next generation's serials at 0 all the same
+            generation, serial = self._generation, self._sent
+            self._sent += 1
+            reply = f"{self._inbox}{generation}.{serial}"
             try:
                 await nc.publish(subject, payload, reply, {MSG_ID: msg_id} if msg_id else None)
-            except nats.errors.MaxPayloadError:
-                self._fail(
-                    SinkError(
-                        f"a message for {subject} ({len(payload):,} bytes) is larger than the "
-                        f"NATS server's max_payload ({nc.max_payload:,}): raise max_payload in "
-                        "the server's configuration"
-                    )
-                )
-                return
-            except nats.errors.OutboundBufferLimitError:
-                self._fail(
-                    SinkUnavailableError(
-                        f"NATS at {self.url} is unreachable and {PENDING_BYTES >> 20} MiB wait "
-                        "for it; resending from the last confirmed position"
-                    )
-                )
-                return
             except nats.errors.Error as e:
-                self._fail(
-                    SinkUnavailableError(f"cannot publish to NATS at {self.url}: {_reason(e)}")
-                )
+                if generation == self._generation:
+                    self._fail(self._refused(e, subject, len(payload)))
                 return
-            self._sent += 1
+
+    def _refused(self, e: nats.errors.Error, subject: str, size: int) -> SinkError:
+        """The error of a message nats-py would not publish."""
+        if isinstance(e, nats.errors.MaxPayloadError):
+            assert self._nc is not None
+            return SinkError(
+                f"a message for {subject} ({size:,} bytes) is larger than the NATS server's "
+                f"max_payload ({self._nc.max_payload:,}): raise max_payload in the server's "
+                "configuration"
+            )
+        if isinstance(e, nats.errors.OutboundBufferLimitError):
+            return SinkUnavailableError(
+                f"NATS at {self.url} is unreachable and {PENDING_BYTES >> 20} MiB wait for it; "
+                "resending from the last confirmed position"
+            )
+        return SinkUnavailableError(f"cannot publish to NATS at {self.url}: {_reason(e)}")
 
     async def _on_ack(self, msg: Msg) -> None:
         """JetStream's answer to one message: its PubAck, an error, or "no responders"."""
