@@ -14,12 +14,15 @@ from __future__ import annotations
 import itertools
 import logging
 import pickle
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -596,6 +599,8 @@ def test_stream_puts_changes_of_two_tables(
 def test_stream_confirms_nothing_kinesis_has_not_stored_and_loses_nothing(
     db: Database, pg2sink_proc: Proc, own_kinesalite: services.Kinesalite
 ) -> None:
+    """kinesalite stopped for 30 s while a transaction commits every second: pg2sink
+    waits, logs once, says so on /status, confirms none of them, then resumes."""
     endpoint = own_kinesalite.address
     name = f"s{uuid.uuid4().hex[:8]}"
     client = kinesis_client(endpoint)
@@ -603,27 +608,49 @@ def test_stream_confirms_nothing_kinesis_has_not_stored_and_loses_nothing(
     conn = db.connect()
     conn.execute("CREATE TABLE kv (id int PRIMARY KEY, v int)")
     p = start(pg2sink_proc, endpoint, name)
+    url = api_url(p)
     conn.execute("INSERT INTO kv SELECT g, 0 FROM generate_series(1, 10) g")
     before_outage = db.current_lsn()
     wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= before_outage, 10, "the first rows")
     own_kinesalite.stop()
-    for v in (1, 2, 3):
+    conn.execute("UPDATE kv SET v = 1")
+    first_update = db.current_lsn()
+    outage = 30
+    for v in range(2, outage + 1):
+        time.sleep(1)
         conn.execute("UPDATE kv SET v = %s", (v,))
-    during = db.current_lsn()
-    time.sleep(3)
-    confirmed = db.slot_confirmed_lsn()
-    assert confirmed is not None and confirmed < during  # the updates are not stored
+        confirmed = db.slot_confirmed_lsn()
+        assert confirmed is not None and confirmed < first_update  # nothing stored
+    during = status(url)
+    assert during["sink"] == "failing" and "cannot reach Kinesis" in during["problems"]["sink"]
     own_kinesalite.start()
-    conn.execute("UPDATE kv SET v = 4")
+    conn.execute("UPDATE kv SET v = %s", (outage + 1,))
     after = db.current_lsn()
     wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= after, 60, "the slot after the outage")
+    assert status(url)["sink"] == "ok"
     got = read_stream(client, name)
     for k in range(1, 11):
         seen = [orjson.loads(d)["after"]["v"] for _, key, d in got if key == f'{{"id":{k}}}']
-        assert seen == [0, 1, 2, 3, 4]  # nothing lost, in order, no repeat here
+        assert seen == list(range(outage + 2))  # nothing lost, in order, no repeat here
     err = p.stderr()
     assert err.count("retrying with backoff") == 1 and "stores records again" in err
     assert p.stop() == 0
+
+
+def api_url(p: Pg2Sink) -> str:
+    """The HTTP API's address, from pg2sink's start line."""
+    match = re.search(r"/metrics on (http://\S+)", p.stderr())
+    assert match, p.stderr()
+    return match.group(1).rstrip("/")
+
+
+def status(url: str) -> dict[str, Any]:
+    """GET /status's JSON (a 500 while unhealthy carries it too)."""
+    try:
+        with urllib.request.urlopen(f"{url}/status", timeout=5) as r:
+            return dict(orjson.loads(r.read()))
+    except urllib.error.HTTPError as e:
+        return dict(orjson.loads(e.read()))
 
 
 @pytest.mark.slow
