@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -320,35 +322,69 @@ def own_nats() -> Iterator[services.NatsServer]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_no_ack_within_the_timeout_is_unavailable_and_the_replay_is_kept_once(
+def publish_one(sink: NatsSink, i: int) -> None:
+    """What a (re)started session writes: the table's Schema record, change i and the
+    checkpoint after it."""
+    sink.write(table_schema("t"))
+    sink.write(change(i))
+    sink.checkpoint(1000 + i + 100)
+
+
+def test_a_lost_connection_is_unavailable_and_the_replay_reconnects(
     own_nats: services.NatsServer, topic_prefix: str
 ) -> None:
-    cfg = NatsConfig(nats_url=own_nats.url, nats_subject_prefix=topic_prefix, nats_ack_timeout=2.0)
+    cfg = NatsConfig(nats_url=own_nats.url, nats_subject_prefix=topic_prefix)
     sink = NatsSink(cfg)
     sink.open()
     try:
-        sink.write(table_schema("t"))
-        sink.write(change(1))
-        sink.checkpoint(1100)
-        assert sink.flush() == 1100
+        publish_one(sink, 1)
+        assert sink.flush() == 1101
         own_nats.stop()
-        sink.write(change(2))
-        sink.checkpoint(1200)
-        assert sink.flush() == 1100  # not acknowledged: not confirmed
-        with pytest.raises(
-            SinkUnavailableError, match=r"acknowledged nothing within --nats-ack-timeout \(2s\)"
-        ):
-            wait_for(lambda: sink.flush() == 1200, 10, "the timeout")
+        with pytest.raises(SinkUnavailableError, match="lost the connection to NATS at nats://"):
+            wait_for(lambda: sink.flush() is None, 10, "the failure")
+        # the service's next session replays from 1101, and cannot connect yet
+        publish_one(sink, 2)
+        with pytest.raises(SinkUnavailableError, match="cannot connect to NATS at nats://"):
+            wait_for(lambda: sink.flush() == 1102, 10, "the failure")
+        assert sink.acknowledged() is None
         own_nats.start()
-        # the replay from the last confirmed position (1100), as the service does it
-        sink.write(table_schema("t"))
-        sink.write(change(2))
-        sink.checkpoint(1200)
-        wait_for(lambda: sink.flush() == 1200, 30, "the replay's acknowledgement")
+        publish_one(sink, 2)
+        wait_for(lambda: sink.flush() == 1102, 30, "the replay's acknowledgement")
     finally:
         sink.close()
     got = [m for m in stored(own_nats.url, topic_prefix) if not m.subject.endswith(".schema")]
-    # the first attempt may have reached the server too: one copy either way
+    assert [m.value["after"]["id"] for m in got] == [1, 2]
+
+
+def test_no_ack_within_the_timeout_drops_the_connection_and_the_replay_is_stored_once(
+    own_nats: services.NatsServer, topic_prefix: str
+) -> None:
+    """A server that keeps its connections but answers nothing (stopped with SIGSTOP)."""
+    cfg = NatsConfig(nats_url=own_nats.url, nats_subject_prefix=topic_prefix, nats_ack_timeout=2.0)
+    sink = NatsSink(cfg)
+    sink.open()
+    pid = own_nats.pid()
+    assert pid is not None
+    try:
+        publish_one(sink, 1)
+        assert sink.flush() == 1101
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            publish_one(sink, 2)
+            assert sink.flush() == 1101  # not acknowledged: not confirmed
+            with pytest.raises(
+                SinkUnavailableError,
+                match=r"acknowledged nothing within --nats-ack-timeout \(2s\)",
+            ):
+                wait_for(lambda: sink.flush() == 1102, 10, "the timeout")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        publish_one(sink, 2)  # the replay, on a new connection
+        wait_for(lambda: sink.flush() == 1102, 30, "the replay's acknowledgement")
+    finally:
+        sink.close()
+    got = [m for m in stored(own_nats.url, topic_prefix) if not m.subject.endswith(".schema")]
+    # the frozen server may have stored the first attempt too: one copy either way
     assert [m.value["after"]["id"] for m in got] == [1, 2]
 
 
@@ -445,7 +481,8 @@ def test_server_outage_confirms_only_acknowledged_changes_and_loses_none(
     assert ids() == list(range(1, 16))
     wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= written, 30, "the slot to pass them")
     err = p.stderr()
-    assert "unreachable" in err and "retrying" in err and "reachable again" in err
+    assert "lost the connection to NATS" in err and "retrying" in err
+    assert "streaming again" in err and err.count("connected to NATS at") >= 2
     assert p.stop() == 0
 
 

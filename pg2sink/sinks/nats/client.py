@@ -13,14 +13,17 @@ Generations: after a failure the sink starts over (PostgreSQL replays from the l
 confirmed position) under a new generation; acks of the messages of an older one are
 ignored when they come late, so they can never acknowledge a message of the replay.
 
+Outages: a lost connection ends the generation at once, and is not reconnected by
+nats-py (allow_reconnect off): its reconnect buffer would send, after reconnecting,
+messages published after one the dead connection swallowed, and the replay would then
+store that one after them, out of order. The next generation connects afresh (and
+creates the stream again if the server lost it) before its first message, so a replay
+always starts on a connection nothing older is queued on. The service's reconnect loop
+paces the attempts and logs them once per change (subscription/reconnect.py).
+
 What the sink reads from the loop's thread (`acked`, `failure`, `progress_at`) is
 written whole by that thread (one tuple or float at a time), so a read sees either the
 old or the new value.
-
-Outages: the connection reconnects by itself without limit. While it is away,
-nats-py keeps what is published in its pending buffer (up to PENDING_BYTES) and sends
-it after reconnecting; messages the server never received are never acknowledged, and
-the sink gives up on them after --nats-ack-timeout (sink.py).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import nats
@@ -56,10 +59,6 @@ Outgoing = tuple[str, bytes, str | None]
 CONNECT_WAIT = 10.0
 #: Longest wait for the connection to close at the end, in seconds.
 CLOSE_WAIT = 5.0
-#: Bytes nats-py keeps for the server while it is away (its own default is 2 MiB).
-PENDING_BYTES = 8 << 20
-#: Seconds between attempts to reach a server that went away.
-RECONNECT_WAIT = 1.0
 #: The header JetStream de-duplicates by.
 MSG_ID = "Nats-Msg-Id"
 #: The status header of "no responders": no stream holds the subject.
@@ -92,7 +91,10 @@ class Publisher:
         self._sent = 0
         self._early: set[int] = set()
         self._pump: asyncio.Task[None] | None = None
-        self._away = False
+        self._closing = False
+        #: the current connection's token: the disconnection of any other (one
+        #: drop_connection() closed, one replaced since) is no news
+        self._connection: object = None
         self._last_error = "no answer"
 
     # -- the sink's thread ----------------------------------------------------------
@@ -101,11 +103,16 @@ class Publisher:
         """Connect, and create the stream when it is missing; SinkError naming why not."""
         self._thread.start()
         self._call(self._connect(), CONNECT_WAIT, "connect")
-        self._call(self._ensure_stream(), CONNECT_WAIT, "look up the stream")
 
     def submit(self, generation: int, batch: Sequence[Outgoing]) -> None:
         """Publish `batch` after everything submitted before (never waits)."""
         self._loop.call_soon_threadsafe(self._enqueue, generation, batch)
+
+    def drop_connection(self) -> None:
+        """Close the connection without ending the generation (it has ended: the sink
+        gave up waiting for acknowledgements, which a half-dead connection never
+        brings); the next generation connects again."""
+        self._loop.call_soon_threadsafe(self._drop)
 
     def stop(self) -> None:
         """Close the connection (what was not acknowledged is replayed after a restart)
@@ -138,6 +145,20 @@ class Publisher:
     # -- the loop's thread: connection and stream ------------------------------------
 
     async def _connect(self) -> None:
+        """A new connection, its acknowledgements' subscription, and the stream."""
+        connection = object()
+
+        async def disconnected() -> None:
+            await self._on_disconnected(connection)
+
+        nc = await self._new_client(disconnected)
+        self._nc, self._connection = nc, connection
+        self._inbox = f"{nc.new_inbox()}."
+        await nc.subscribe(self._inbox + "*.*", cb=self._on_ack)
+        log.info("connected to NATS at %s", self.url)
+        await self._ensure_stream(nc)
+
+    async def _new_client(self, disconnected: Callable[[], Awaitable[None]]) -> Client:
         cfg = self.cfg
         options: dict[str, Any] = {}
         if cfg.nats_creds:
@@ -148,48 +169,37 @@ class Publisher:
             options["token"] = cfg.nats_token
         if cfg.nats_tls_ca:
             options["tls"] = ssl.create_default_context(cafile=cfg.nats_tls_ca)
-        # Two quick attempts per server: a wrong address or login is a one-line error at
-        # once (nats-py's own defaults retry for a minute). Once connected, the client
-        # reconnects every RECONNECT_WAIT without limit (set below: nats-py reads these
-        # options whenever the connection drops).
+        # Two quick attempts per server (nats-py's defaults retry for a minute), and no
+        # reconnecting by nats-py: see the module docstring.
         try:
-            nc = await nats.connect(
+            return await nats.connect(
                 servers=[u.strip() for u in cfg.nats_url.split(",")],
                 name="pg2sink",
                 allow_reconnect=False,
                 max_reconnect_attempts=1,
                 reconnect_time_wait=0.2,
                 connect_timeout=CONNECT_WAIT / 2,
-                pending_size=PENDING_BYTES,
                 error_cb=self._on_error,
-                disconnected_cb=self._on_disconnected,
-                reconnected_cb=self._on_reconnected,
+                disconnected_cb=disconnected,
                 **options,
             )
         except nats.errors.NoServersError:
             # the reason is that of the last attempt (nats-py reported it to error_cb)
-            raise SinkError(f"cannot connect to NATS at {self.url}: {self._last_error}") from None
-        nc.options.update(
-            allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=RECONNECT_WAIT
-        )
-        self._nc = nc
-        self._inbox = f"{nc.new_inbox()}."
-        await nc.subscribe(self._inbox + "*.*", cb=self._on_ack)
-        log.info("connected to NATS at %s", self.url)
+            raise SinkUnavailableError(
+                f"cannot connect to NATS at {self.url}: {self._last_error}"
+            ) from None
 
-    async def _ensure_stream(self) -> None:
+    async def _ensure_stream(self, nc: Client) -> None:
         """Create the stream covering `<prefix>.>` unless a stream of its name exists."""
-        assert self._nc is not None
         cfg = self.cfg
-        js = self._nc.jetstream(timeout=CONNECT_WAIT / 2)
+        js = nc.jetstream(timeout=CONNECT_WAIT / 2)
         try:
             info = await js.stream_info(cfg.stream)
         except nats.js.errors.NotFoundError:
             pass
         else:
-            log.info(
-                "JetStream stream %s holds %s", cfg.stream, ", ".join(info.config.subjects or ())
-            )
+            subjects = ", ".join(info.config.subjects or ())
+            log.debug("JetStream stream %s holds %s", cfg.stream, subjects)
             return
         await js.add_stream(
             StreamConfig(
@@ -209,12 +219,21 @@ class Publisher:
     async def _close(self) -> None:
         """Close the connection, then end every task left (nats-py's subscription
         readers), so that the loop stops with nothing pending."""
+        self._closing = True
         if self._nc is not None:
             await self._nc.close()
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _drop(self) -> None:
+        nc = self._nc
+        if nc is not None and not nc.is_closed:
+            self._connection = None
+            # close() marks the client closed at once, before this callback returns its
+            # task's first step: the next generation's first batch then sees it closed
+            self._loop.create_task(nc.close())
 
     # -- the loop's thread: publishing and acknowledgements --------------------------
 
@@ -241,6 +260,14 @@ class Publisher:
         self.progress_at = time.monotonic()
 
     async def _publish_queue(self) -> None:
+        generation = self._generation
+        if self._nc is None or self._nc.is_closed:
+            try:
+                await self._connect()
+            except Exception as e:
+                if generation == self._generation:
+                    self._fail(e if isinstance(e, SinkError) else self._unreachable(e))
+                return
         nc = self._nc
         assert nc is not None
         queue = self._queue
@@ -258,6 +285,9 @@ class Publisher:
                     self._fail(self._refused(e, subject, len(payload)))
                 return
 
+    def _unreachable(self, e: Exception) -> SinkUnavailableError:
+        return SinkUnavailableError(f"cannot connect to NATS at {self.url}: {_reason(e)}")
+
     def _refused(self, e: nats.errors.Error, subject: str, size: int) -> SinkError:
         """The error of a message nats-py would not publish."""
         if isinstance(e, nats.errors.MaxPayloadError):
@@ -266,11 +296,6 @@ class Publisher:
                 f"a message for {subject} ({size:,} bytes) is larger than the NATS server's "
                 f"max_payload ({self._nc.max_payload:,}): raise max_payload in the server's "
                 "configuration"
-            )
-        if isinstance(e, nats.errors.OutboundBufferLimitError):
-            return SinkUnavailableError(
-                f"NATS at {self.url} is unreachable and {PENDING_BYTES >> 20} MiB wait for it; "
-                "resending from the last confirmed position"
             )
         return SinkUnavailableError(f"cannot publish to NATS at {self.url}: {_reason(e)}")
 
@@ -319,22 +344,25 @@ class Publisher:
 
     async def _on_error(self, e: Exception) -> None:
         self._last_error = _reason(e)
-        if not self._away:
-            log.debug("NATS: %s", self._last_error)
+        log.debug("NATS: %s", self._last_error)
 
-    async def _on_disconnected(self) -> None:
-        if self._nc is not None and not self._nc.is_closed and not self._away:
-            self._away = True
-            log.warning(
-                "NATS at %s unreachable; reconnecting (what it has not acknowledged "
-                "stays unconfirmed)",
-                self.url,
+    async def _on_disconnected(self, connection: object) -> None:
+        """The connection is gone for good (nats-py does not reconnect): the generation
+        ends, and the next one connects again."""
+        if self._closing or connection is not self._connection:
+            return
+        log.warning(
+            "lost the connection to NATS at %s (%s); what it has not acknowledged stays "
+            "unconfirmed",
+            self.url,
+            self._last_error,
+        )
+        self._fail(
+            SinkUnavailableError(
+                f"lost the connection to NATS at {self.url}; resending from the last "
+                "confirmed position (at-least-once)"
             )
-
-    async def _on_reconnected(self) -> None:
-        if self._away:
-            self._away = False
-            log.info("NATS at %s reachable again", self.url)
+        )
 
 
 def _reason(e: BaseException) -> str:

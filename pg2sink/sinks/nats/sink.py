@@ -268,6 +268,7 @@ class NatsSink:
                 log.debug(
                     "%d NATS messages unacknowledged for %.1fs", self._written - acked, waited
                 )
+                publisher.drop_connection()  # the replay starts on a new one
                 self._restart()
                 raise SinkUnavailableError(
                     f"NATS at {publisher.url} acknowledged nothing within --nats-ack-timeout "
