@@ -14,15 +14,12 @@ from __future__ import annotations
 import itertools
 import logging
 import pickle
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -55,6 +52,7 @@ from pg2sink.sinks.kinesis.payload import MESSAGES_KEY, Payload
 from pg2sink.sinks.kinesis.sender import Sender
 from pg2sink.sinks.kinesis.sink import KinesisSink, _Marks
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
+from tests.sinks.test_kafka_health import api_url, status
 from tests.sinks.test_null import import_table
 from tests.support import FAST, Proc
 from tests.test_services import kinesis_client
@@ -621,13 +619,13 @@ def test_stream_confirms_nothing_kinesis_has_not_stored_and_loses_nothing(
         conn.execute("UPDATE kv SET v = %s", (v,))
         confirmed = db.slot_confirmed_lsn()
         assert confirmed is not None and confirmed < first_update  # nothing stored
-    during = status(url)
-    assert during["sink"] == "failing" and "cannot reach Kinesis" in during["problems"]["sink"]
+    code, during = status(url)
+    assert code == 500 and "cannot reach Kinesis" in during["problems"]["sink"]
     own_kinesalite.start()
     conn.execute("UPDATE kv SET v = %s", (outage + 1,))
     after = db.current_lsn()
     wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= after, 60, "the slot after the outage")
-    assert status(url)["sink"] == "ok"
+    assert status(url) == (200, {"status": "ok", "replication": "ok", "sink": "ok"})
     got = read_stream(client, name)
     for k in range(1, 11):
         seen = [orjson.loads(d)["after"]["v"] for _, key, d in got if key == f'{{"id":{k}}}']
@@ -635,22 +633,6 @@ def test_stream_confirms_nothing_kinesis_has_not_stored_and_loses_nothing(
     err = p.stderr()
     assert err.count("retrying with backoff") == 1 and "stores records again" in err
     assert p.stop() == 0
-
-
-def api_url(p: Pg2Sink) -> str:
-    """The HTTP API's address, from pg2sink's start line."""
-    match = re.search(r"/metrics on (http://\S+)", p.stderr())
-    assert match, p.stderr()
-    return match.group(1).rstrip("/")
-
-
-def status(url: str) -> dict[str, Any]:
-    """GET /status's JSON (a 500 while unhealthy carries it too)."""
-    try:
-        with urllib.request.urlopen(f"{url}/status", timeout=5) as r:
-            return dict(orjson.loads(r.read()))
-    except urllib.error.HTTPError as e:
-        return dict(orjson.loads(e.read()))
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ role), so no secret is ever on a command line.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pg2sink.errors import ConfigError
 from pg2sink.options import flag
@@ -26,40 +27,34 @@ def _shards(text: str) -> int:
     return value
 
 
+def _text(default: str | None, metavar: str, help: str) -> Any:
+    """A one-value text option of this group, stripped of spaces."""
+    return flag(default, group=GROUP, help=help, metavar=metavar, parse=str.strip)
+
+
 @dataclass(frozen=True)
 class KinesisConfig:
     """What `--sink=kinesis` needs."""
 
-    kinesis_stream: str = flag(
+    kinesis_stream: str = _text(
         "",
-        group=GROUP,
-        help="the Kinesis data stream every record is put to (it must exist, see "
+        "NAME",
+        "the Kinesis data stream every record is put to (it must exist, see "
         "--kinesis-create-stream)",
-        metavar="NAME",
-        parse=str.strip,
     )
-    kinesis_region: str | None = flag(
-        None,
-        group=GROUP,
-        help="AWS region; default: AWS_REGION, AWS_DEFAULT_REGION or the profile's",
-        metavar="REGION",
-        parse=str.strip,
+    kinesis_region: str | None = _text(
+        None, "REGION", "AWS region; default: AWS_REGION, AWS_DEFAULT_REGION or the profile's"
     )
-    kinesis_endpoint: str | None = flag(
+    kinesis_endpoint: str | None = _text(
         None,
-        group=GROUP,
-        help="Kinesis API endpoint URL (a VPC endpoint, a local server); default: AWS's "
-        "for the region",
-        metavar="URL",
-        parse=str.strip,
+        "URL",
+        "Kinesis API endpoint URL (a VPC endpoint, a local server); default: AWS's for the region",
     )
-    kinesis_profile: str | None = flag(
+    kinesis_profile: str | None = _text(
         None,
-        group=GROUP,
-        help="AWS profile of ~/.aws/config and ~/.aws/credentials; default: AWS_PROFILE, "
-        "else the default credential chain (environment, profile, instance role)",
-        metavar="PROFILE",
-        parse=str.strip,
+        "PROFILE",
+        "AWS profile of ~/.aws/config and ~/.aws/credentials; default: AWS_PROFILE, else "
+        "the default credential chain (environment, profile, instance role)",
     )
     kinesis_create_stream: int | None = flag(
         None,
