@@ -9,6 +9,7 @@ How each value from `pg2sink.changelog.typemap` is written:
 | int             | int2, int4, int8, oid, xid  | number                                     |
 | float           | float4, float8              | number, shortest form that reads back (5)  |
 | Decimal         | numeric                     | number, PostgreSQL's digits (1) : 1.50     |
+| JsonNumber      | numeric, float4, float8 (6) | number, exactly the text PostgreSQL printed|
 | PgText          | special values (2)          | string, PostgreSQL's text: "NaN"           |
 | str             | text, varchar, uuid, json,  | string, PostgreSQL's text form (3)         |
 |                 | enum, money, interval, ...  |                                            |
@@ -31,6 +32,8 @@ How each value from `pg2sink.changelog.typemap` is written:
 (4) null for NULL elements; the fractional seconds of time and datetime values appear
     only when not zero, with 6 digits.
 (5) Negative zero is -0.0, never -0, which most JSON readers take for the integer 0.
+(6) For sinks that write JSON (Sink.json_values): the value decoded straight to its
+    JSON form, without a Decimal or float (pgvalues' JSON fast path).
 
 The UNCHANGED_TOAST marker is an object: no column value ever encodes as one (json and
 jsonb are strings), so it cannot be mistaken for data. Dataclasses (e.g. records) are written
@@ -47,6 +50,7 @@ from typing import Any
 
 import orjson
 
+from pg2sink.changelog.pgvalues import JsonNumber
 from pg2sink.logical.messages import UnchangedToast
 
 __all__ = ["LINE_OPTIONS", "default", "dumps", "dumps_line", "loads"]
@@ -68,6 +72,7 @@ def _base64(value: bytes) -> str:
 
 # Types orjson does not know natively, by exact type (the common case: one dict lookup).
 _ENCODERS: dict[type, Callable[[Any], object]] = {
+    JsonNumber: lambda v: orjson.Fragment(v.text),
     Decimal: _decimal,
     bytes: _base64,
     bytearray: _base64,

@@ -27,11 +27,9 @@ from collections.abc import Callable
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 
-import orjson
-
 from pg2sink.logical.fastpath import register_fixed, register_inline
 
-__all__ = ["PgArray", "PgText"]
+__all__ = ["JsonNumber", "PgArray", "PgText"]
 
 
 class PgText(str):
@@ -56,6 +54,27 @@ class PgArray(list[object]):
     def __init__(self, items: list[object], text: str) -> None:
         super().__init__(items)
         self.text = text
+
+
+class JsonNumber:
+    """A number's JSON form, the digits PostgreSQL printed (numeric's trailing zeros,
+    float's round-trip text): the value of a numeric or float column in a record for a
+    sink that takes JSON forms (Sink.json_values). A plain value: the JSON encoder writes
+    its text unquoted (changelog.jsonenc), nothing else needs to know it."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: bytes) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JsonNumber) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return f"JsonNumber({self.text.decode()})"
 
 
 # --- decoders: text bytes → value. They run for every value, so they stay small. ---
@@ -145,8 +164,9 @@ def _decode_timestamptz(text: bytes) -> object:
 # --- JSON fast path: text bytes → what jsonenc writes, without the Python value ---
 #
 # The file sink only needs JSON. For the hottest types the text PostgreSQL printed is
-# already the JSON: a number's digits go out as a raw JSON fragment instead of a Decimal
-# that the encoder's fallback must format again, and bytea goes straight to base64.
+# already the JSON: a number's digits go out as they are (JsonNumber, written unquoted)
+# instead of a Decimal that the encoder's fallback must format again, and bytea goes
+# straight to base64.
 # Dates and timestamps keep their typed decoders: fromisoformat plus orjson's native
 # datetime writer beat any string reshaping in Python (measured). Tests check that both
 # paths give the same JSON.
@@ -158,7 +178,7 @@ def _json_number(text: bytes) -> object:
     # numeric_out and float8out print plain JSON-compatible numbers ('-12.50', '1e+20');
     # only NaN and the infinities end in a letter.
     if text and text[-1] <= _LAST_DIGIT:
-        return orjson.Fragment(text)
+        return JsonNumber(text)
     return PgText(text.decode())
 
 
@@ -166,7 +186,7 @@ def _json_float(text: bytes) -> object:
     # float8out prints negative zero as '-0', which most JSON readers (Python's json,
     # Jackson) take for the integer 0: '-0.0' keeps the sign, as the decode path writes it.
     if text == b"-0":
-        return orjson.Fragment(b"-0.0")
+        return JsonNumber(b"-0.0")
     return _json_number(text)
 
 
@@ -180,13 +200,13 @@ def _decline() -> object:
 register_inline(
     _json_number,
     "_jn_fragment(v) if (v := {})[-1] < 58 else _jn_decline()",
-    _jn_fragment=orjson.Fragment,
+    _jn_fragment=JsonNumber,
     _jn_decline=_decline,
 )
 register_inline(
     _json_float,
     "_jf_fragment(v if v != b'-0' else b'-0.0') if (v := {})[-1] < 58 else _jf_decline()",
-    _jf_fragment=orjson.Fragment,
+    _jf_fragment=JsonNumber,
     _jf_decline=_decline,
 )
 register_inline(
