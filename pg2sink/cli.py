@@ -24,6 +24,7 @@ from pg2sink import __version__, logs, options
 from pg2sink.changelog import _cmodule
 from pg2sink.config import Group, LogConfig, SourceConfig, StreamConfig
 from pg2sink.errors import ConfigError, Pg2SinkError
+from pg2sink.routing.config import RoutingConfig
 from pg2sink.sinks import registry
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ _LOGGING = options.options_of(LogConfig)
 _STREAM = [
     *options.options_of(SourceConfig),
     *options.options_of(StreamConfig),
+    *options.options_of(RoutingConfig),
     *(opt for e in registry.SINKS if e.config is not None for opt in options.options_of(e.config)),
     *_LOGGING,
 ]
@@ -192,7 +194,11 @@ def _stream_config(args: argparse.Namespace) -> StreamConfig:
         raise ConfigError("--message-prefix filters --messages: add --messages")
     source = _source_config(args)
     cfg: StreamConfig = options.build(
-        StreamConfig, args, source=source, sink_config=_sink_config(args)
+        StreamConfig,
+        args,
+        source=source,
+        sink_config=_sink_config(args),
+        routing=options.build(RoutingConfig, args),
     )
     if cfg.capture_ddl and (cfg.message_prefixes or not cfg.messages):
         # the DDL messages are forwarded even without --messages (and only they, then)

@@ -15,6 +15,8 @@ from typing import Any
 
 from pg2sink.errors import ConfigError
 from pg2sink.options import duration, factor, flag
+from pg2sink.routing.config import GROUP as ROUTING_GROUP
+from pg2sink.routing.config import RoutingConfig
 
 # SecretDsn and Settings are re-exported: the rest of pg2sink imports them from here
 from pg2sink.sensitive import SecretDsn as SecretDsn
@@ -28,6 +30,7 @@ class Group(StrEnum):
     SOURCE = "source"
     SINK = "sink"
     CHANGES = "what is streamed (docs/changes.md)"
+    ROUTING = ROUTING_GROUP
     LARGE_TRANSACTIONS = "large transactions (docs/large-transactions.md)"
     TIMING = "timing"
     OBSERVABILITY = "observability"
@@ -190,6 +193,8 @@ class StreamConfig:
     )
     retry_interval: float = duration(5.0, Group.TIMING, "wait between --retry-initial attempts")
     """Seconds between retries with --retry-initial."""
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    """--only, --exclude-column, --mask-column (pg2sink/routing/, docs/routing.md)."""
     sink_config: Any = None
     """The chosen sink's own settings: an instance of its registry entry's config class
     (sinks/registry.py), None for a sink without options. With --decode-only, the file

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import TextIO
 
@@ -40,11 +40,12 @@ from pg2sink.observability.position import server_position
 from pg2sink.observability.stats import LogCounter, StreamStats
 from pg2sink.publication.manager import PublicationManager, Reconciliation, Table
 from pg2sink.publication.patterns import TableFilter
+from pg2sink.routing.stage import RoutingStage
 from pg2sink.sinks import registry
 from pg2sink.sinks.base import ImportTarget, Sink
 from pg2sink.sinks.file import FileConfig, repair_torn_line
 from pg2sink.subscription.connection import ReplicationStream
-from pg2sink.subscription.handlers import ChangelogHandler, DecodeOnlyHandler
+from pg2sink.subscription.handlers import ChangelogHandler, DecodeOnlyHandler, Feed
 from pg2sink.subscription.in_progress import (
     StreamingHandler,
     check_streaming_server,
@@ -291,6 +292,7 @@ class StreamService:
             return DecodeOnlyHandler(out)
         assert sink is not None
         src = self.cfg.source
+        rules = self.cfg.routing.rules()
         changelog = ChangelogHandler(
             Catalog(conn),
             sink,
@@ -298,12 +300,22 @@ class StreamService:
             messages=self.cfg.messages,
             message_prefixes=self.cfg.message_prefixes,
             via_partition_root=src.publish_via_partition_root,
+            annotate=rules.annotate if rules.masked else None,
         )
+        builder = changelog.builder
+
+        def builder_feed() -> Feed:
+            return builder.feed
+
+        next_feed: Callable[[], Feed] = builder_feed
         if self.gate is not None:  # imports: the gate's stage in front of the builder
-            stage = self.gate.stage(changelog.builder)
+            stage = self.gate.stage(builder)
             changelog.put_in_front(stage)
+            next_feed = stage.bind
             # the session's end releases a hold() waiting for this loop's binding
             stack.callback(stage.detach)
+        if rules.active:  # --only, --exclude-column, --mask-column: in front of all
+            changelog.put_in_front(RoutingStage(rules, builder.catalog, next_feed))
         if not self.cfg.streaming:
             return changelog
         # created after START_REPLICATION took the slot: it deletes old spills

@@ -17,13 +17,14 @@ from pg2sink import cli, options
 from pg2sink.config import LogConfig, SecretDsn, SourceConfig, StreamConfig
 from pg2sink.errors import ConfigError
 from pg2sink.options import Option, format_duration, parse_duration
+from pg2sink.routing.config import RoutingConfig
 from pg2sink.sinks import registry
 
 #: every sink's options are options of `pg2sink stream` (sinks/registry.py)
 SINK_CONFIGS = tuple(e.config for e in registry.SINKS if e.config is not None)
-CLASSES = (SourceConfig, StreamConfig, *SINK_CONFIGS, LogConfig)
+CLASSES = (SourceConfig, StreamConfig, RoutingConfig, *SINK_CONFIGS, LogConfig)
 #: the fields that are no option: nested configs, and what no user sets
-NOT_OPTIONS = {"source", "sink_config", "secrets"}
+NOT_OPTIONS = {"source", "sink_config", "routing", "secrets"}
 #: values a generic text would not pass (a DSN, a slot name, KEY=VALUE settings...)
 SAMPLES: dict[str, list[str]] = {
     "dsn": ["host=h dbname=d password=pw"],
@@ -34,6 +35,9 @@ SAMPLES: dict[str, list[str]] = {
     "import_backoff_factor": ["3"],
     "kinesis_create_stream": ["2"],
     "nats_duplicate_window": ["10m"],
+    "only": ["public.a=insert", "b=update,delete"],
+    "exclude_columns": ["public.a.x", "b.y"],
+    "mask_columns": ["public.a.x=redact", "b.y=truncate:2"],
 }
 
 
@@ -84,7 +88,7 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
     CLI builds the chosen one's)."""
     stream = cli._stream_config(args)
     assert stream.sink_config is not None
-    built = {"SourceConfig": stream.source, "StreamConfig": stream}
+    built = {"SourceConfig": stream.source, "StreamConfig": stream, "RoutingConfig": stream.routing}
     for cls in SINK_CONFIGS:
         built[cls.__name__] = options.build(cls, args)
     assert built[type(stream.sink_config).__name__] == stream.sink_config

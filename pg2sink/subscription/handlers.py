@@ -12,6 +12,7 @@ from typing import Protocol, TextIO
 
 from pg2sink.catalog.catalog import CatalogLookup
 from pg2sink.changelog.builder import ChangelogBuilder
+from pg2sink.changelog.records import Record
 from pg2sink.logical.decoder import decode
 from pg2sink.logical.lsn import format_lsn
 from pg2sink.logical.messages import (
@@ -56,11 +57,19 @@ class ChangelogHandler:
         messages: bool = False,
         message_prefixes: tuple[str, ...] = (),
         via_partition_root: bool = False,
+        annotate: Callable[[Record], Record] | None = None,
     ) -> None:
         self.sink = sink
+        emit = sink.write
+        if annotate is not None:  # routing's masks: Schema records say which columns
+            write = sink.write
+
+            def emit(record: Record) -> None:
+                write(annotate(record))
+
         self.builder = ChangelogBuilder(
             catalog,
-            sink.write,
+            emit,
             json_values=sink.json_values,
             stats=stats,
             messages=messages,
