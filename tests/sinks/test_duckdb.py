@@ -24,12 +24,13 @@ import psycopg
 import pytest
 
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
+from tests.imports.support import wait_imported
 from tests.support import FAST, Proc
 
 
-def start(proc: Proc, path: Path, *extra: str) -> Pg2Sink:
+def start(proc: Proc, path: Path, *extra: str, env: dict[str, str] | None = None) -> Pg2Sink:
     """pg2sink with the DuckDB sink writing `path`, once it streams."""
-    p = proc("--sink", "duckdb", "--duckdb-path", str(path), *FAST, *extra).start()
+    p = proc("--sink", "duckdb", "--duckdb-path", str(path), *FAST, *extra, env=env).start()
     p.wait_streaming()
     return p
 
@@ -260,11 +261,14 @@ def test_a_type_change_duckdb_cannot_apply_stops_the_stream(
 
 
 class Writer(threading.Thread):
-    """Random transactions on table `w` until stopped: inserts, updates (key changes
-    too), deletes; a TRUNCATE now and then."""
+    """Random transactions on table `w` (keys 1 to `keys`, and as many more for key
+    changes) until stopped: inserts, updates (key changes too), deletes; a TRUNCATE now
+    and then when `truncate`."""
 
-    def __init__(self, db: Database, seed: int) -> None:
+    def __init__(self, db: Database, seed: int, keys: int = 60, truncate: bool = True) -> None:
         super().__init__(daemon=True)
+        self.keys = keys
+        self.truncate = truncate
         self.conn = db.connect()
         self.rng = random.Random(seed)
         self.stopped = threading.Event()
@@ -284,7 +288,7 @@ class Writer(threading.Thread):
 
     def _statement(self) -> None:
         rng, c = self.rng, self.conn
-        key = rng.randint(1, 60)
+        key = rng.randint(1, self.keys)
         choice = rng.random()
         if choice < 0.45:
             c.execute(
@@ -294,13 +298,13 @@ class Writer(threading.Thread):
         elif choice < 0.7:
             c.execute("UPDATE w SET n = n + 1, s = %s WHERE id = %s", (f"u{rng.random()}", key))
         elif choice < 0.8:
-            new = rng.randint(61, 120)
+            new = rng.randint(self.keys + 1, 2 * self.keys)
             c.execute(
                 "UPDATE w SET id = %s WHERE id = %s AND NOT EXISTS (SELECT 1 FROM w WHERE id = %s)",
                 (new, key, new),
             )
-        elif choice < 0.995:
-            c.execute("DELETE FROM w WHERE id = %s OR id = %s", (key, key + 60))
+        elif choice < 0.995 or not self.truncate:
+            c.execute("DELETE FROM w WHERE id = %s OR id = %s", (key, key + self.keys))
         else:
             c.execute("TRUNCATE w")
 
@@ -357,19 +361,78 @@ def test_kill_9_under_a_concurrent_writer_is_exactly_once(
 
 
 @pytest.mark.slow
-def test_imports_stay_pending_with_a_warning(
+def test_a_tables_existing_rows_are_imported(
     db: Database, conn: psycopg.Connection[Any], pg2sink_proc: Proc, tmp_path: Path
 ) -> None:
-    conn.execute("CREATE TABLE old (id int PRIMARY KEY, s text)")
-    conn.execute("INSERT INTO old VALUES (1, 'there before')")
+    conn.execute("CREATE TABLE old (id int PRIMARY KEY, s text, big text, at timestamptz)")
+    conn.execute("ALTER TABLE old ALTER COLUMN big SET STORAGE EXTERNAL")
+    conn.execute(
+        "INSERT INTO old SELECT g, 's' || g, CASE WHEN g = 7 THEN %s END, "
+        "'2024-01-01 00:00+00'::timestamptz + g * interval '1 hour' "
+        "FROM generate_series(1, 3000) g",
+        (BIG,),
+    )
     path = tmp_path / "imports.duckdb"
-    p = pg2sink_proc(
-        "--sink", "duckdb", "--duckdb-path", str(path), *FAST, env={"PG2SINK_NO_IMPORTS": "0"}
-    ).start()
-    p.wait_streaming()
-    wait_for(lambda: "stay pending" in p.stderr(), 30, "the pending imports warning")
-    assert "imports cannot write to --sink duckdb yet" in p.stderr()
-    conn.execute("INSERT INTO old VALUES (2, 'streamed')")
+    p = start(pg2sink_proc, path, env={"PG2SINK_NO_IMPORTS": "0"})
+    wait_imported(db, {"public.old"}, p)
+    conn.execute("UPDATE old SET s = 'streamed' WHERE id IN (7, 8)")  # 7: TOAST unchanged
+    conn.execute("DELETE FROM old WHERE id = 9")
     caught_up(db)
     assert p.stop() == 0
-    assert duck_rows(path, "public_old", "id") == [(2, "streamed")]
+    assert duck_rows(path, "public_old", "id") == pg_rows(conn, "old", "id")
+    assert duck_query(
+        path, "SELECT count(*) FROM public_old_raw WHERE _pg2sink_operation = 'IMPORT'"
+    ) == [(3000,)]
+    assert not list(Path(str(path) + ".imports").glob("*.parquet"))  # loaded, removed
+
+
+@pytest.mark.slow
+def test_an_import_under_writes_and_a_kill_9_converges(
+    db: Database, conn: psycopg.Connection[Any], pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    conn.execute("CREATE TABLE w (id int PRIMARY KEY, n int, s text)")
+    conn.execute(
+        "INSERT INTO w SELECT g, g, repeat('x', 200) || g FROM generate_series(1, 200000) g"
+    )
+    writer = Writer(db, seed=5, keys=200_000, truncate=False)
+    writer.start()  # transactions are in flight when the table joins
+    try:
+        path = tmp_path / "import-kill.duckdb"
+        env = {"PG2SINK_NO_IMPORTS": "0"}
+        p = start(pg2sink_proc, path, "--retry-initial", env=env)
+
+        def some_done() -> bool:
+            assert p.proc is not None and p.proc.poll() is None, p.stderr()
+            try:
+                done = conn.execute(
+                    "SELECT count(*) FILTER (WHERE done), count(*) FROM pg2sink.import_partitions"
+                ).fetchone()
+            except psycopg.errors.UndefinedTable:
+                return False
+            return done is not None and 1 <= done[0] < done[1]
+
+        wait_for(some_done, 240, "some partitions of public.w to be done")
+        p.stop(signal.SIGKILL)
+        p.start().wait_streaming(60)
+        wait_imported(db, {"public.w"}, p)
+        time.sleep(1.0)
+    finally:
+        writer.stopped.set()
+        writer.join(30)
+    assert writer.error is None and writer.transactions > 50
+    caught_up(db)
+    assert p.stop() == 0
+    assert duck_rows(path, "public_w", "id") == pg_rows(conn, "w", "id")
+    twice = duck_query(
+        path,
+        "SELECT _pg2sink_xid, _pg2sink_lsn, _pg2sink_sequence, count(*) FROM public_w_raw "
+        "WHERE _pg2sink_operation <> 'IMPORT' GROUP BY ALL HAVING count(*) > 1",
+    )
+    assert twice == []
+    # a key is imported once per snapshot: a partition staged twice is not loaded twice
+    repeated = duck_query(
+        path,
+        "SELECT id, _pg2sink_lsn FROM public_w_raw WHERE _pg2sink_operation = 'IMPORT' "
+        "GROUP BY ALL HAVING count(*) > 1",
+    )
+    assert repeated == []

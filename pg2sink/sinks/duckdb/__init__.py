@@ -4,8 +4,10 @@ a latest-state view per source table (docs/sinks/duckdb.md).
 config.py   DuckDBConfig: --duckdb-path
 layout.py   a table's raw columns and DuckDB types, the names, the DDL and the view's SQL
 values.py   Modifications -> an Arrow table of the raw table's columns
-sink.py     DuckDBSink: batches committed with the acknowledged LSN in one transaction
-imports.py  DuckDBImportTarget: imports are not written to DuckDB yet (its problem())
+toast.py    unchanged TOASTed values filled from the key's previous row
+sink.py     DuckDBSink: batches committed with the acknowledged LSN in one transaction,
+            staged import files loaded first
+imports.py  DuckDBImportTarget: executors stage an import's rows as Parquet files
 
 Nothing here imports duckdb at module level but sink.py (the registry imports config.py
 always, and duckdb is the optional [duckdb] extra).

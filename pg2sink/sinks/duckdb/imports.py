@@ -1,44 +1,191 @@
-"""The DuckDB sink's ImportTarget: imports do not write to DuckDB yet.
+"""The DuckDB sink's imports: executors stage Parquet files, the stream's sink loads them.
 
-DuckDB is single-writer: the stream's process holds the file, so Spark's executors
-cannot load rows into it themselves. The design that fits (docs/sinks/duckdb.md "What is
-left") is executors writing Parquet into a staging directory next to the database and
-the stream loading each partition's file into the raw table in one transaction. Until
-then `problem()` says so, and import jobs stay pending with that warning.
+DuckDB has one writer, the stream's process, so Spark's executors cannot insert into the
+file. Each executor writes its partition's IMPORT rows as one Parquet file in the staging
+directory next to the database (`<path>.imports/`), in the raw table's columns (the
+same conversion as the stream's rows, values.py), with the table's Schema record and the
+staging layout in the file's metadata; the file is written under a temporary name,
+fsynced, then renamed, so a staged file is always whole and durable before the partition
+is marked done. The stream's sink loads every staged file at the start of each commit,
+before the batch's rows (`load_staged`), records its name in `pg2sink_loaded` in the same
+transaction, and deletes it once committed (docs/sinks/duckdb.md "Imports").
 """
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
-from pg2sink.changelog.batches import ImportTable
+import orjson
+
+from pg2sink.changelog.batches import BatchDecoder, ImportTable
 from pg2sink.changelog.records import Schema
 from pg2sink.errors import SinkError
+from pg2sink.sinks.duckdb.layout import Layout, evolve, new_layout
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-__all__ = ["DuckDBImportTarget"]
+__all__ = [
+    "DuckDBImportTarget",
+    "schema_of",
+    "staged_files",
+    "staging_dir",
+    "staging_layout",
+    "unfinished_files",
+]
+
+#: the Parquet metadata keys of a staged file
+SCHEMA_KEY, LAYOUT_KEY = b"pg2sink.schema", b"pg2sink.layout"
+
+
+def staging_dir(path: str) -> str:
+    """Where imports stage their Parquet files for the database at `path`."""
+    return path + ".imports"
+
+
+def staged_files(path: str) -> list[str]:
+    """The staged files ready to load (whole: renamed after their fsync), by snapshot
+    (an older attempt's first) and then by age."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    files = _files(path, ".parquet")
+
+    def order(file: str) -> tuple[int, int, str]:
+        schema, _ = schema_of(pq.read_schema(file).metadata)
+        return schema.lsn, os.stat(file).st_mtime_ns, file
+
+    return sorted(files, key=order)
+
+
+def unfinished_files(path: str) -> list[str]:
+    """Staged files whose executor did not finish them (their temporary names)."""
+    return _files(path, ".parquet.tmp")
+
+
+def _files(path: str, suffix: str) -> list[str]:
+    """The staging directory's files whose names end with `suffix`."""
+    directory = staging_dir(path)
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return [os.path.join(directory, n) for n in names if n.endswith(suffix)]
+
+
+def staging_layout(schema: Schema) -> Layout:
+    """The raw columns a staged file has: the table's layout in a database of its own
+    (the loader maps them to the sink's layout by source column name)."""
+    layout, _ = new_layout(schema, set())
+    layout, _ = evolve(layout, schema)
+    return layout
+
+
+def _schema_json(schema: Schema) -> bytes:
+    return orjson.dumps(
+        {
+            "timestamp": schema.timestamp.isoformat(),
+            "lsn": schema.lsn,
+            "namespace": schema.namespace,
+            "name": schema.name,
+            "schema": schema.schema,
+            "relation_id": schema.relation_id,
+            "primary_key": list(schema.primary_key),
+        }
+    )
+
+
+def schema_of(metadata: dict[bytes, bytes]) -> tuple[Schema, Layout]:
+    """The Schema record and staging layout a staged file's metadata holds."""
+    data: dict[str, Any] = orjson.loads(metadata[SCHEMA_KEY])
+    schema = Schema(
+        datetime.fromisoformat(data["timestamp"]),
+        data["lsn"],
+        data["namespace"],
+        data["name"],
+        data["schema"],
+        data["relation_id"],
+        tuple(data["primary_key"]),
+    )
+    return schema, Layout.from_json(orjson.loads(metadata[LAYOUT_KEY]))
 
 
 @dataclass(frozen=True)
 class DuckDBImportTarget:
-    """The duckdb sink's ImportTarget (sinks/base.py): refuses, saying why."""
+    """The duckdb sink's ImportTarget (sinks/base.py): the database's path."""
 
     path: str
     json_values = False
 
     def problem(self) -> str | None:
-        return (
-            "imports cannot write to --sink duckdb yet (DuckDB has one writer, the stream): "
-            "the tables' existing rows are not copied; run with --no-imports, or import "
-            "with --sink file/kafka"
-        )
+        return None
 
     def begin(self, schema: Schema) -> DuckDBImportTarget:
-        raise SinkError(self.problem() or "")
+        """The staging directory exists (the Schema record travels in each file)."""
+        try:
+            os.makedirs(staging_dir(self.path), exist_ok=True)
+        except OSError as e:
+            raise SinkError(f"cannot create {staging_dir(self.path)!r}: {e.strerror}") from None
+        return self
 
     def write_rows(self, table: ImportTable, batches: Iterator[pa.RecordBatch]) -> int:
-        raise SinkError(self.problem() or "")
+        return _stage(self.path, table, batches)
+
+
+def _stage(path: str, table: ImportTable, batches: Iterator[pa.RecordBatch]) -> int:
+    """One partition's rows as a staged Parquet file; the number of rows (durable on
+    return)."""
+    import pyarrow.parquet as pq
+
+    from pg2sink.sinks.duckdb.values import arrow_batch
+
+    layout = staging_layout(table.schema)
+    decoder = BatchDecoder(table, json_values=False)
+    metadata = {SCHEMA_KEY: _schema_json(table.schema), LAYOUT_KEY: orjson.dumps(layout.to_json())}
+    final = os.path.join(staging_dir(path), f"{uuid.uuid4().hex}.parquet")
+    temporary = final + ".tmp"
+    writer: pq.ParquetWriter | None = None
+    rows = 0
+    try:
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            changes = [
+                (rows + i, table.modification(rows + i, row))
+                for i, row in enumerate(decoder.rows(batch))
+            ]
+            data = arrow_batch(layout, changes, [None] * len(changes))
+            if writer is None:
+                writer = pq.ParquetWriter(temporary, data.schema.with_metadata(metadata))
+            writer.write_table(data)
+            rows += len(changes)
+        if writer is None:
+            return 0
+        writer.close()
+        writer = None
+        _durable_rename(temporary, final)
+    except OSError as e:
+        raise SinkError(f"cannot stage an import in {staging_dir(path)!r}: {e.strerror}") from None
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows
+
+
+def _durable_rename(temporary: str, final: str) -> None:
+    """fsync the file, rename it to its final name, fsync the directory."""
+    fd = os.open(temporary, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(temporary, final)
+    fd = os.open(os.path.dirname(final), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -199,11 +199,17 @@ def new_layout(schema: Schema, taken: set[str]) -> tuple[Layout, list[str]]:
     return layout, [f"CREATE TABLE {quote(raw)} ({meta})"]
 
 
-def evolve(layout: Layout, schema: Schema) -> tuple[Layout, list[str]]:
+def evolve(
+    layout: Layout, schema: Schema, keep: set[str] | frozenset[str] = frozenset()
+) -> tuple[Layout, list[str]]:
     """The Layout after Schema record `schema`, and the statements that make the raw table
     and the view so: new columns added (nullable), widened types applied, columns gone
     from the table kept but left out of the view; SinkError for a type change DuckDB
-    cannot apply without changing values."""
+    cannot apply without changing values.
+
+    `keep`: live columns the Schema record may not know (an import's snapshot, older or
+    newer than the stream's last Schema record): they stay as they are, live, and only
+    the columns new to the layout are added."""
     taken = {n.lower() for n, _ in META}
     for c in layout.columns:
         taken.add(c.raw.lower())
@@ -212,17 +218,18 @@ def evolve(layout: Layout, schema: Schema) -> tuple[Layout, list[str]]:
     old = {c.column: c for c in layout.columns}
     keys = set(schema.primary_key)
     ddl: list[str] = []
-    live: list[Column] = []
+    live: list[Column] = [c for c in layout.live() if c.column in keep]
     for field in schema.schema["fields"]:
         name = field["pg.column"]
+        if name in keep:
+            continue
         avro = _non_null(field["type"])
         column = _evolved(layout, old.get(name), name, avro, name in keys, taken, ddl)
         live.append(column)
     seen = {c.column for c in live}
     gone = [dataclasses.replace(c, dropped=True) for c in layout.columns if c.column not in seen]
-    evolved = dataclasses.replace(
-        layout, columns=(*live, *gone), primary_key=tuple(schema.primary_key)
-    )
+    primary_key = layout.primary_key if keep else tuple(schema.primary_key)
+    evolved = dataclasses.replace(layout, columns=(*live, *gone), primary_key=primary_key)
     if evolved != layout or not layout.columns:
         ddl.append(view_sql(evolved))
     return evolved, ddl

@@ -13,37 +13,40 @@ the slot's confirmed position, which may be before it (a crash between DuckDB's 
 and the confirmation): a transaction whose checkpoint is at or below the stored LSN is
 already in the file and is dropped whole. The same holds after a reconnect within one
 process (a transaction torn by the lost connection is dropped when it starts again).
+
+Imports: executors stage Parquet files next to the database (imports.py); each commit
+loads the staged files first, records them in `pg2sink_loaded` in the same transaction
+and deletes them once committed. The import gate releases the changes it held for an
+import only when every partition is staged, so they come after its rows.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import uuid
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import duckdb
 import orjson
 
-from pg2sink.changelog.pgvalues import PgText
-from pg2sink.changelog.records import Message, Modification, Operation, Record, Schema
+from pg2sink.changelog.records import Message, Modification, Record, Schema
 from pg2sink.errors import SinkError
 from pg2sink.logical.lsn import format_lsn
-from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.duckdb.config import DuckDBConfig
+from pg2sink.sinks.duckdb.imports import schema_of, staged_files, unfinished_files
 from pg2sink.sinks.duckdb.layout import (
+    META,
     OPERATION,
     POSITION,
-    Column,
     Layout,
     evolve,
     new_layout,
     quote,
     raw_columns,
 )
+from pg2sink.sinks.duckdb.toast import Toast
 from pg2sink.sinks.duckdb.values import arrow_batch
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,8 @@ _INTERNAL = (
     "(slot VARCHAR PRIMARY KEY, lsn BIGINT NOT NULL, position BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS pg2sink_tables (namespace VARCHAR, name VARCHAR, "
     "layout JSON NOT NULL, PRIMARY KEY (namespace, name))",
+    # the staged import files already loaded (deleted after their commit)
+    "CREATE TABLE IF NOT EXISTS pg2sink_loaded (file VARCHAR PRIMARY KEY)",
 )
 
 
@@ -112,8 +117,11 @@ class DuckDBSink:
             raise SinkError(f"cannot use --duckdb-path {self.path!r}: {_one_line(e)}") from None
         if state:
             self._stored, self._position = int(state[0][0]), int(state[0][1])
-        self._taken = self._stored
         self._con = con
+        # a crash came before their removal; unfinished files belong to partitions that
+        # were never marked done (their retry writes them again)
+        _remove([*self._loaded(staged_files(self.path)), *unfinished_files(self.path)])
+        self._taken = self._stored
         log.debug("duckdb sink writing to %s, from LSN %s", self.path, self._stored)
 
     def write(self, record: Record) -> None:
@@ -213,8 +221,13 @@ class DuckDBSink:
         if con is None:
             raise SinkError("the duckdb sink was not opened")
         writer = _Transaction(con, dict(self._layouts), self._position)
+        staged = staged_files(self.path)
         try:
+            loaded = self._loaded(staged)
             con.execute("BEGIN TRANSACTION")
+            for file in staged:
+                if file not in loaded:
+                    writer.load(file)
             for record in records:
                 writer.add(record)
             writer.finish()
@@ -229,7 +242,16 @@ class DuckDBSink:
                 raise
             raise SinkError(f"cannot write to {self.path!r}: {_one_line(e)}") from None
         self._layouts, self._position, self._stored = writer.layouts, writer.position, lsn
+        _remove(staged)
         return lsn
+
+    def _loaded(self, files: Sequence[str]) -> set[str]:
+        """Those of the staged `files` that the database holds already."""
+        if not files or self._con is None:
+            return set()
+        rows = self._con.execute("SELECT file FROM pg2sink_loaded").fetchall()
+        names = {name for (name,) in rows}
+        return {f for f in files if os.path.basename(f) in names}
 
 
 class _Transaction:
@@ -261,14 +283,53 @@ class _Transaction:
         for table in list(self._rows):
             self._insert(table)
 
-    def _apply(self, schema: Schema) -> None:
+    def load(self, file: str) -> None:
+        """A staged import file's rows into its table's raw table (imports.py), after the
+        rows queued so far. A row whose key has an IMPORT row of the same or a newer
+        snapshot already is not loaded: a partition staged twice (its executor died
+        before marking it done), or a file of an abandoned attempt renamed late."""
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+        schema, staged = schema_of(pq.read_schema(file).metadata)
+        table = (schema.namespace, schema.name)
+        layout = self.layouts.get(table)
+        known = set() if layout is None else {c.column for c in layout.live()}
+        if not {c.column for c in staged.live()} <= known:
+            self._insert(table)
+            self._apply(schema, keep=known)
+        layout = self.layouts[table]
+        by_column = {c.column: c for c in layout.columns}
+        meta = [n for n, _ in META if n != POSITION]
+        targets = [*meta, *(by_column[c.column].raw for c in staged.live())]
+        sources = [*meta, *(c.raw for c in staged.live())]
+        raw = quote(layout.raw)
+        query = (
+            f"INSERT INTO {raw} ({quote(POSITION)}, {', '.join(quote(t) for t in targets)}) "
+            f"SELECT ? + row_number() OVER (), {', '.join(f's.{quote(c)}' for c in sources)} "
+            "FROM read_parquet(?) AS s"
+        )
+        staged_by_column = {c.column: c for c in staged.live()}
+        if layout.primary_key and staged.primary_key == layout.primary_key:
+            same = " AND ".join(
+                f"r.{quote(by_column[k].raw)} = s.{quote(staged_by_column[k].raw)}"
+                for k in layout.primary_key
+            )
+            query += (
+                f" WHERE NOT EXISTS (SELECT 1 FROM {raw} AS r WHERE r.{OPERATION} = 'IMPORT' "
+                f"AND r._pg2sink_lsn >= s._pg2sink_lsn AND {same})"
+            )
+        ((count,),) = self.con.execute(query, [self.position, file]).fetchall()
+        self.position += int(count)
+        self.con.execute("INSERT INTO pg2sink_loaded VALUES (?)", [os.path.basename(file)])
+
+    def _apply(self, schema: Schema, keep: set[str] | frozenset[str] = frozenset()) -> None:
         """Create or evolve the table's raw table and view; keep its Layout."""
         table = (schema.namespace, schema.name)
         layout = self.layouts.get(table)
         ddl: list[str] = []
         if layout is None:
             layout, ddl = new_layout(schema, self._taken_names())
-        layout, more = evolve(layout, schema)
+        layout, more = evolve(layout, schema, keep)
         for statement in (*ddl, *more):
             self.con.execute(statement)
         if ddl or more:
@@ -292,7 +353,7 @@ class _Transaction:
         if not rows:
             return
         layout = self.layouts[table]
-        rows, unchanged = _Toast(self.con, layout).fill(rows)
+        rows, unchanged = Toast(self.con, layout).fill(rows)
         batch = arrow_batch(layout, rows, unchanged)
         names = ", ".join(quote(n) for n in raw_columns(layout))
         self.con.register("_pg2sink_batch", batch)
@@ -304,107 +365,11 @@ class _Transaction:
             self.con.unregister("_pg2sink_batch")
 
 
-class _Toast:
-    """Fills unchanged TOASTed values (UNCHANGED_TOAST) from the key's previous row: an
-    earlier row of the same batch, else the raw table's last row of the key. For a
-    key-changing UPDATE the previous row is the old key's."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection, layout: Layout) -> None:
-        self.con = con
-        self.layout = layout
-        self.keys = [c.column for c in layout.key_columns()]
-
-    def fill(
-        self, rows: list[tuple[int, Modification]]
-    ) -> tuple[list[tuple[int, Modification]], list[list[str] | None]]:
-        """The rows with their values filled in, and per row the filled columns."""
-        unchanged: list[list[str] | None] = [None] * len(rows)
-        if not any(_unchanged(m.after) for _, m in rows):
-            return rows, unchanged
-        latest: dict[tuple[object, ...], dict[str, object] | None] = {}
-        out: list[tuple[int, Modification]] = []
-        for i, (position, m) in enumerate(rows):
-            if m.operation is Operation.TRUNCATE:
-                latest.clear()
-                latest[()] = None  # nothing from before the TRUNCATE
-            elif m.after is None:
-                latest[self._key(m.before)] = None
-            else:
-                columns = _unchanged(m.after)
-                if columns:
-                    source = m.before if m.before and self._has_key(m.before) else m.after
-                    previous = self._previous(self._key(source), latest)
-                    after = {
-                        c: (previous or {}).get(c) if v is UNCHANGED_TOAST else v
-                        for c, v in m.after.items()
-                    }
-                    m = dataclasses.replace(m, after=after)
-                    unchanged[i] = columns
-                latest[self._key(m.after)] = m.after
-            out.append((position, m))
-        return out, unchanged
-
-    def _has_key(self, values: dict[str, object]) -> bool:
-        return bool(self.keys) and all(values.get(k) is not None for k in self.keys)
-
-    def _key(self, values: dict[str, object] | None) -> tuple[object, ...]:
-        return tuple((values or {}).get(k) for k in self.keys)
-
-    def _previous(
-        self, key: tuple[object, ...], latest: dict[tuple[object, ...], dict[str, object] | None]
-    ) -> dict[str, object] | None:
-        """The key's row before this one: in the batch, else the raw table's."""
-        if key in latest:
-            return latest[key]
-        if () in latest or not self.keys:  # truncated in this batch, or no key to look by
-            return None
-        return self._stored_row(key)
-
-    def _stored_row(self, key: tuple[object, ...]) -> dict[str, object] | None:
-        """The key's last INSERT/UPDATE/IMPORT row since the last TRUNCATE, values as the
-        stream gives them (PostgreSQL's text as PgText where the column has NULL)."""
-        layout = self.layout
-        live: list[Column] = layout.live()
-        raw = quote(layout.raw)
-        where = " AND ".join(f"{quote(c.raw)} = ?" for c in layout.key_columns())
-        query = (
-            f"SELECT _pg2sink_text, {', '.join(quote(c.raw) for c in live)} FROM {raw} "
-            f"WHERE {OPERATION} IN ('INSERT', 'UPDATE', 'IMPORT') AND {where} AND {POSITION} > "
-            f"coalesce((SELECT max({POSITION}) FROM {raw} WHERE {OPERATION} = 'TRUNCATE'), -1) "
-            f"ORDER BY {POSITION} DESC LIMIT 1"
-        )
-        # fetchall: DuckDB wants a result read to its end before the next statement
-        found = self.con.execute(query, [_param(v) for v in key]).fetchall()
-        if not found:
-            return None
-        row = found[0]
-        texts: dict[str, str] = row[0] or {}
-        values = {}
-        for c, value in zip(live, row[1:], strict=True):
-            text = texts.get(c.column)
-            values[c.column] = PgText(text) if text is not None else _stream_value(value)
-        return values
-
-
-def _unchanged(after: dict[str, object] | None) -> list[str]:
-    """The columns of `after` holding UNCHANGED_TOAST."""
-    if after is None:
-        return []
-    return [c for c, v in after.items() if v is UNCHANGED_TOAST]
-
-
-def _stream_value(value: Any) -> object:
-    """A value read back from DuckDB as the stream has it (a UUID is its text)."""
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, list):
-        return [_stream_value(v) for v in value]
-    return value
-
-
-def _param(value: object) -> object:
-    """A key value as a query parameter."""
-    return str(value) if isinstance(value, PgText) else value
+def _remove(files: Iterable[str]) -> None:
+    """Delete loaded staged files (one already gone is fine)."""
+    for file in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(file)
 
 
 def _rollback(con: duckdb.DuckDBPyConnection) -> None:
