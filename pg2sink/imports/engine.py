@@ -345,6 +345,7 @@ class ImportEngine:
                 job.table,
                 target_partitions=target_partitions(self.cfg.spark_master),
                 publication=job.publication,
+                rules=self.cfg.routing.rules(),
             )
             # A table empty in the snapshot has nothing to import: no Spark job (whose JVM
             # start would hold the gate, and with it the stream, for seconds).

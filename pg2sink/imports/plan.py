@@ -26,7 +26,9 @@ logical-replication-row-filter.html): only the columns of its column list
 (`pg_publication_tables.attnames`), and only the rows its row filter accepts
 (`pg_publication_tables.rowfilter`, ANDed to every partition's predicate when read, and
 read again at each attempt's snapshot). Before PostgreSQL 18 pgoutput never sends a
-generated column, so neither does the import.
+generated column, so neither does the import. Routing's rules apply as in the stream
+(docs/routing.md): no column --exclude-column names is read, and a --mask-column is read
+masked by the SELECT itself (imports/reads.py), so its values never leave PostgreSQL.
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ import psycopg
 from psycopg import sql
 
 from pg2sink.catalog.server import primary_key_columns
+from pg2sink.routing.masking import Mask
+from pg2sink.routing.rules import Rules
 
 __all__ = ["ImportColumn", "ImportPlan", "NotPublishedError", "TableNotFoundError", "plan_import"]
 
 log = logging.getLogger(__name__)
 
+#: pg_type's oid of text: what a masked column is read and decoded as
+TEXT_OID = 25
 #: Sampled keys per partition. SYSTEM sampling takes whole pages, whose keys are often
 #: neighbours, so what counts is the number of pages: ~4000 rows are ~50-100 pages per
 #: partition, which keeps partitions within ~20% of their share (measured on 5M rows).
@@ -70,7 +76,12 @@ class NotPublishedError(LookupError):
 class ImportColumn:
     name: str
     type_oid: int
+    """The type the rows are decoded as: text's for a masked column."""
     typmod: int
+    mask: Mask | None = None
+    """--mask-column's mask (routing): the SELECT reads the masked text, never the value."""
+    source_type_oid: int = 0
+    """A masked column's own type (its text form is what the mask applies to)."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +201,23 @@ def _generated_columns(conn: psycopg.Connection[Any], relid: int) -> set[str]:
     return {str(r[0]) for r in rows}
 
 
+def routed_columns(
+    rules: Rules, schema: str, table: str, columns: tuple[ImportColumn, ...], key: Sequence[str]
+) -> tuple[ImportColumn, ...]:
+    """`columns` without those --exclude-column names, and masked as --mask-column says,
+    as the stream's RoutingStage has them (text); ConfigError for a key column excluded."""
+    route = rules.route(schema, table, [c.name for c in columns])
+    if not route.changes_columns:
+        return columns
+    route.check_key(f"{schema}.{table}", key)
+    masks = dict(route.masks)
+    return tuple(
+        ImportColumn(c.name, TEXT_OID, -1, masks[c.name], c.type_oid) if c.name in masks else c
+        for c in columns
+        if c.name not in route.excluded
+    )
+
+
 def plan_import(
     conn: psycopg.Connection[Any],
     schema: str,
@@ -197,13 +225,15 @@ def plan_import(
     *,
     target_partitions: int,
     publication: str | None = None,
+    rules: Rules | None = None,
 ) -> ImportPlan:
     """The plan of an import of schema.table; see the module docstring.
 
     `conn` is already inside the job's snapshot. Raises TableNotFoundError when the table
     does not exist there. With `publication`, the plan reads only what it publishes of
     the table (its column list and row filter; NotPublishedError when nothing); without,
-    the whole table (benchmarks and tests of the runner).
+    the whole table (benchmarks and tests of the runner). With `rules` (--exclude-column,
+    --mask-column), without the excluded columns and with the masked ones read masked.
     """
     relid, relkind = _table_info(conn, schema, table)
     columns = table_columns(conn, relid)
@@ -211,6 +241,8 @@ def plan_import(
     if publication is not None:
         columns, row_filter = published_part(conn, publication, relid, columns)
     key = primary_key_columns(conn, relid)
+    if rules is not None:
+        columns = routed_columns(rules, schema, table, columns, key)
     target = sql.Identifier(schema, table)
     rows = _row_count(conn, relid, target)
     n = _partition_count(rows, max(1, target_partitions))

@@ -6,7 +6,9 @@ prints 'true' where boolout prints 't'; bpchar loses its padding; inet shows its
 netmask): those go through format('%s', col), which calls the output function. The
 reader imports the job's exported snapshot in a REPEATABLE READ transaction
 (`sessionInitStatement`), with the stream's session settings, and fetches through a
-cursor (a fetch size) so rows stream instead of being held in memory.
+cursor (a fetch size) so rows stream instead of being held in memory. A masked column
+(--mask-column, docs/routing.md) is read through its mask's SQL around that text, so the
+server sends only the masked form.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def text_query(conn: psycopg.Connection[TupleRow], plan: ImportPlan, predicate: 
     for i, column in enumerate(plan.columns):
         ident = sql.Identifier(column.name)
         expr: sql.Composable
-        if column.type_oid == BOOL_OID:
+        if (column.source_type_oid or column.type_oid) == BOOL_OID:
             # what boolout prints, without format()'s per-call parsing
             expr = sql.SQL("CASE WHEN {c} THEN 't' WHEN NOT {c} THEN 'f' END").format(c=ident)
         elif column.name in function_cast:
@@ -47,6 +49,8 @@ def text_query(conn: psycopg.Connection[TupleRow], plan: ImportPlan, predicate: 
             )
         else:
             expr = sql.SQL("{}::text").format(ident)
+        if column.mask is not None:  # masked by the server: the value never leaves it
+            expr = column.mask.sql(expr)
         items.append(sql.SQL("{} AS {}").format(expr, sql.Identifier(f"c{i}")))
     # The predicate is SQL text that plan_import rendered (and the job store kept):
     # built from identifiers and literals, never from user input. The row filter is the

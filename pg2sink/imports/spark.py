@@ -59,6 +59,7 @@ from pg2sink.errors import ConfigError, ImportFailed, Pg2SinkError
 from pg2sink.imports.plan import ImportPlan
 from pg2sink.imports.reads import jdbc_reader, text_query
 from pg2sink.imports.writers import PartitionJob
+from pg2sink.routing.masking import annotate_schema
 from pg2sink.sinks.base import ImportTarget
 
 __all__ = [
@@ -300,6 +301,9 @@ class SparkRunner:
             ],
             primary_key=plan.primary_key,
         )
+        masks = {c.name: c.mask for c in plan.columns if c.mask is not None}
+        if masks:  # as the stream's Schema records say (routing.rules.Rules.annotate)
+            schema = annotate_schema(schema, masks)
         when, lsn = _snapshot_position(conn, task)
         record = Schema(
             timestamp=when,
