@@ -309,6 +309,25 @@ class Writer(threading.Thread):
             c.execute("TRUNCATE w")
 
 
+def converged(
+    db: Database, conn: psycopg.Connection[Any], p: Pg2Sink, path: Path, writer: Writer
+) -> None:
+    """Once `writer` is done and pg2sink caught up and stopped: table w's view equals the
+    table, and no streamed change is in the raw table twice (exactly once)."""
+    writer.stopped.set()
+    writer.join(30)
+    assert writer.error is None and writer.transactions > 50
+    caught_up(db)
+    assert p.stop() == 0
+    assert duck_rows(path, "public_w", "id") == pg_rows(conn, "w", "id")
+    twice = duck_query(
+        path,
+        "SELECT _pg2sink_xid, _pg2sink_lsn, _pg2sink_sequence, count(*) FROM public_w_raw "
+        "WHERE _pg2sink_operation <> 'IMPORT' GROUP BY ALL HAVING count(*) > 1",
+    )
+    assert twice == []
+
+
 @pytest.fixture
 def writer(db: Database) -> Iterator[Writer]:
     conn = db.connect()
@@ -338,18 +357,7 @@ def test_kill_9_under_a_concurrent_writer_is_exactly_once(
         p.stop(signal.SIGKILL)
         p.start().wait_streaming()
     time.sleep(1)
-    writer.stopped.set()
-    writer.join(30)
-    assert writer.error is None and writer.transactions > 50
-    caught_up(db)
-    assert p.stop() == 0
-    assert duck_rows(path, "public_w", "id") == pg_rows(conn, "w", "id")
-    twice = duck_query(
-        path,
-        "SELECT _pg2sink_xid, _pg2sink_lsn, _pg2sink_sequence, count(*) FROM public_w_raw "
-        "GROUP BY ALL HAVING count(*) > 1",
-    )
-    assert twice == []
+    converged(db, conn, p, path, writer)
     # some restart found transactions in the file that the slot had not confirmed yet
     logs = [f.read_text() for f in tmp_path.glob("stderr.*.log")]
     assert len(logs) == 5 and any("already: skipped" in log for log in logs)
@@ -418,17 +426,7 @@ def test_an_import_under_writes_and_a_kill_9_converges(
         time.sleep(1.0)
     finally:
         writer.stopped.set()
-        writer.join(30)
-    assert writer.error is None and writer.transactions > 50
-    caught_up(db)
-    assert p.stop() == 0
-    assert duck_rows(path, "public_w", "id") == pg_rows(conn, "w", "id")
-    twice = duck_query(
-        path,
-        "SELECT _pg2sink_xid, _pg2sink_lsn, _pg2sink_sequence, count(*) FROM public_w_raw "
-        "WHERE _pg2sink_operation <> 'IMPORT' GROUP BY ALL HAVING count(*) > 1",
-    )
-    assert twice == []
+    converged(db, conn, p, path, writer)
     # a key is imported once per snapshot: a partition staged twice is not loaded twice
     repeated = duck_query(
         path,
