@@ -13,13 +13,16 @@ Generations: after a failure the sink starts over (PostgreSQL replays from the l
 confirmed position) under a new generation; acks of the messages of an older one are
 ignored when they come late, so they can never acknowledge a message of the replay.
 
-Outages: a lost connection ends the generation at once, and is not reconnected by
-nats-py (allow_reconnect off): its reconnect buffer would send, after reconnecting,
-messages published after one the dead connection swallowed, and the replay would then
-store that one after them, out of order. The next generation connects afresh (and
-creates the stream again if the server lost it) before its first message, so a replay
-always starts on a connection nothing older is queued on. The service's reconnect loop
-paces the attempts and logs them once per change (subscription/reconnect.py).
+Outages: nats-py does not reconnect by itself (allow_reconnect off): its reconnect
+buffer would send, after reconnecting, messages published after one the dead
+connection swallowed, so that one would be stored after them, out of order. Instead
+the loop keeps every message it sent until JetStream acknowledges it; when the
+connection is lost it connects again every RECONNECT_WAIT (creating the stream again if
+the server lost it), then publishes again, in their order, every message not yet
+acknowledged (with the same Nats-Msg-Id: JetStream drops the ones it had stored), and
+goes on with the rest. Nothing is lost and the order holds, without the stream
+stopping: it only stops confirming. One WARNING when the connection is lost, one INFO
+when it is back.
 
 What the sink reads from the loop's thread (`acked`, `failure`, `progress_at`) is
 written whole by that thread (one tuple or float at a time), so a read sees either the
@@ -59,6 +62,8 @@ Outgoing = tuple[str, bytes, str | None]
 CONNECT_WAIT = 10.0
 #: Longest wait for the connection to close at the end, in seconds.
 CLOSE_WAIT = 5.0
+#: Seconds between attempts to connect again after the connection was lost.
+RECONNECT_WAIT = 1.0
 #: The header JetStream de-duplicates by.
 MSG_ID = "Nats-Msg-Id"
 #: The status header of "no responders": no stream holds the subject.
@@ -79,18 +84,24 @@ class Publisher:
         self._nc: Client | None = None
         self._inbox = ""
         # written by the loop thread, read by the sink's
-        self.acked: tuple[int, int] = (0, 0)
-        """(generation, messages acknowledged with no gap before them)."""
+        self.acked: tuple[int, int, int] = (0, 0, 0)
+        """(generation, messages acknowledged with no gap before them, their bytes)."""
         self.failure: tuple[int, SinkError] | None = None
         """(generation, the error that ended it)."""
         self.progress_at = time.monotonic()
-        """When the acknowledged count last grew, or messages started waiting for it."""
+        """When the acknowledged count last grew, messages started waiting for it, or
+        the connection came back."""
+        self.away_since: float | None = None
+        """When the connection was lost, while it is (None: connected)."""
         # the loop thread's own
         self._generation = 0
         self._queue: deque[Outgoing] = deque()
+        #: the messages sent and not yet acknowledged, in serial order from acked[1]
+        self._unacked: deque[Outgoing] = deque()
         self._sent = 0
         self._early: set[int] = set()
         self._pump: asyncio.Task[None] | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
         self._closing = False
         #: the current connection's token: the disconnection of any other (one
         #: drop_connection() closed, one replaced since) is no news
@@ -109,9 +120,8 @@ class Publisher:
         self._loop.call_soon_threadsafe(self._enqueue, generation, batch)
 
     def drop_connection(self) -> None:
-        """Close the connection without ending the generation (it has ended: the sink
-        gave up waiting for acknowledgements, which a half-dead connection never
-        brings); the next generation connects again."""
+        """Replace the connection, as if it had been lost (the sink waited too long for
+        acknowledgements, which a half-dead connection never brings)."""
         self._loop.call_soon_threadsafe(self._drop)
 
     def stop(self) -> None:
@@ -152,11 +162,15 @@ class Publisher:
             await self._on_disconnected(connection)
 
         nc = await self._new_client(disconnected)
-        self._nc, self._connection = nc, connection
-        self._inbox = f"{nc.new_inbox()}."
-        await nc.subscribe(self._inbox + "*.*", cb=self._on_ack)
-        log.info("connected to NATS at %s", self.url)
-        await self._ensure_stream(nc)
+        inbox = f"{nc.new_inbox()}."
+        try:
+            await nc.subscribe(inbox + "*.*", cb=self._on_ack)
+            await self._ensure_stream(nc)
+        except BaseException:
+            await nc.close()  # not ours yet: its closing is no news
+            raise
+        self._nc, self._connection, self._inbox = nc, connection, inbox
+        log.debug("connected to NATS at %s", self.url)
 
     async def _new_client(self, disconnected: Callable[[], Awaitable[None]]) -> Client:
         cfg = self.cfg
@@ -228,11 +242,11 @@ class Publisher:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _drop(self) -> None:
+        """drop_connection(): the connection is lost, as far as publishing goes."""
         nc = self._nc
         if nc is not None and not nc.is_closed:
-            self._connection = None
-            # close() marks the client closed at once, before this callback returns its
-            # task's first step: the next generation's first batch then sees it closed
+            self._lost(f"no acknowledgement for {self.cfg.nats_ack_timeout:g}s")
+            self._connection = None  # its closing is no news
             self._loop.create_task(nc.close())
 
     # -- the loop's thread: publishing and acknowledgements --------------------------
@@ -244,49 +258,51 @@ class Publisher:
             self._restart(generation)
         if self.failure is not None and self.failure[0] == generation:
             return  # nothing is published after a failure
-        if self._sent == self.acked[1] and not self._queue:
+        if not self._unacked and not self._queue:
             self.progress_at = time.monotonic()  # waiting starts now
         self._queue.extend(batch)
-        if self._pump is None or self._pump.done():
+        self._publish_soon()
+
+    def _publish_soon(self) -> None:
+        """Publish the queue, unless that is under way or the connection is away."""
+        if self.away_since is None and (self._pump is None or self._pump.done()):
             self._pump = self._loop.create_task(self._publish_queue())
 
     def _restart(self, generation: int) -> None:
         """A new generation: forget the last one's messages (the replay sends them)."""
         self._generation = generation
         self._queue.clear()
+        self._unacked.clear()
         self._sent = 0
         self._early.clear()
-        self.acked = (generation, 0)
+        self.acked = (generation, 0, 0)
         self.progress_at = time.monotonic()
 
     async def _publish_queue(self) -> None:
-        generation = self._generation
-        if self._nc is None or self._nc.is_closed:
-            try:
-                await self._connect()
-            except Exception as e:
-                if generation == self._generation:
-                    self._fail(e if isinstance(e, SinkError) else self._unreachable(e))
-                return
-        nc = self._nc
-        assert nc is not None
-        queue = self._queue
-        while queue:
-            subject, payload, msg_id = queue.popleft()
+        queue, unacked = self._queue, self._unacked
+        while queue and self.away_since is None:
+            # the connection of the moment: one that replaced a lost one while this task
+            # waited in nats-py goes on with the queue _reconnect rebuilt
+            nc = self._nc
+            assert nc is not None
+            message = queue.popleft()
+            subject, payload, msg_id = message
             # the serial is taken before the await: a restart while nats-py waits (a full
             # flush queue) starts the next generation's serials at 0 all the same
             generation, serial = self._generation, self._sent
             self._sent += 1
+            unacked.append(message)
             reply = f"{self._inbox}{generation}.{serial}"
             try:
                 await nc.publish(subject, payload, reply, {MSG_ID: msg_id} if msg_id else None)
+            except nats.errors.ConnectionClosedError:
+                # lost: it waits among the unacknowledged, which _reconnect sends again
+                # in order (the loop ends once the loss is known)
+                continue
             except nats.errors.Error as e:
                 if generation == self._generation:
                     self._fail(self._refused(e, subject, len(payload)))
                 return
-
-    def _unreachable(self, e: Exception) -> SinkUnavailableError:
-        return SinkUnavailableError(f"cannot connect to NATS at {self.url}: {_reason(e)}")
 
     def _refused(self, e: nats.errors.Error, subject: str, size: int) -> SinkError:
         """The error of a message nats-py would not publish."""
@@ -301,7 +317,10 @@ class Publisher:
 
     async def _on_ack(self, msg: Msg) -> None:
         """JetStream's answer to one message: its PubAck, an error, or "no responders"."""
-        generation, _, serial = msg.subject[len(self._inbox) :].partition(".")
+        inbox = self._inbox
+        if not msg.subject.startswith(inbox):
+            return  # a late answer on a connection replaced since
+        generation, _, serial = msg.subject[len(inbox) :].partition(".")
         if int(generation) != self._generation:
             return  # an answer to a message of a stream that restarted since
         data = msg.data
@@ -322,16 +341,19 @@ class Publisher:
         self._acknowledge(int(serial))
 
     def _acknowledge(self, serial: int) -> None:
-        count = self.acked[1]
+        _, count, size = self.acked
         if serial != count:
-            self._early.add(serial)
-            return
+            if serial > count:
+                self._early.add(serial)
+            return  # ahead of a gap, or a repeat's answer
+        early, unacked = self._early, self._unacked
         count += 1
-        early = self._early
+        size += len(unacked.popleft()[1])
         while count in early:
             early.remove(count)
             count += 1
-        self.acked = (self._generation, count)
+            size += len(unacked.popleft()[1])
+        self.acked = (self._generation, count, size)
         self.progress_at = time.monotonic()
 
     def _fail(self, error: SinkError) -> None:
@@ -340,29 +362,58 @@ class Publisher:
         if self.failure is None or self.failure[0] != self._generation:
             self.failure = (self._generation, error)
 
-    # -- the loop's thread: connection events ----------------------------------------
+    # -- the loop's thread: outages --------------------------------------------------
 
     async def _on_error(self, e: Exception) -> None:
         self._last_error = _reason(e)
         log.debug("NATS: %s", self._last_error)
 
     async def _on_disconnected(self, connection: object) -> None:
-        """The connection is gone for good (nats-py does not reconnect): the generation
-        ends, and the next one connects again."""
-        if self._closing or connection is not self._connection:
+        """nats-py lost the connection (and does not reconnect): see _lost."""
+        if not self._closing and connection is self._connection:
+            self._lost(self._last_error)
+
+    def _lost(self, reason: str) -> None:
+        """Stop publishing, and connect again until the server answers (_reconnect)."""
+        if self.away_since is not None:
             return
+        self.away_since = time.monotonic()
         log.warning(
-            "lost the connection to NATS at %s (%s); what it has not acknowledged stays "
-            "unconfirmed",
+            "lost the connection to NATS at %s (%s); reconnecting, what it has not "
+            "acknowledged stays unconfirmed and is sent again",
             self.url,
-            self._last_error,
+            reason,
         )
-        self._fail(
-            SinkUnavailableError(
-                f"lost the connection to NATS at {self.url}; resending from the last "
-                "confirmed position (at-least-once)"
-            )
+        self._reconnecting = self._loop.create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        """Connect every RECONNECT_WAIT until it works, then send again, in order, what
+        was not acknowledged, and the rest."""
+        while True:
+            try:
+                await self._connect()
+                break
+            except Exception as e:  # nats-py's, the network's: wait and try again
+                log.debug("NATS at %s: %s", self.url, _reason(e))
+                await asyncio.sleep(RECONNECT_WAIT)
+        away = time.monotonic() - (self.away_since or 0.0)
+        resent = len(self._unacked)
+        # same serials, same order: the acknowledged count goes on where it stopped
+        self._queue.extendleft(reversed(self._unacked))
+        self._unacked.clear()
+        self._early.clear()
+        self._sent = self.acked[1]
+        self.away_since = None
+        self.progress_at = time.monotonic()
+        log.info(
+            "NATS at %s reachable again after %.1fs; publishing the %d messages waiting "
+            "(%d of them sent before and not acknowledged)",
+            self.url,
+            away,
+            len(self._queue),
+            resent,
         )
+        self._publish_soon()
 
 
 def _reason(e: BaseException) -> str:

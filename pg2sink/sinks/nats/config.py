@@ -80,8 +80,9 @@ class NatsConfig:
     nats_ack_timeout: float = duration(
         10.0,
         GROUP,
-        "longest wait for JetStream's acknowledgement of a message; past it the stream "
-        "restarts from the last confirmed position",
+        "longest wait for JetStream's acknowledgements before the connection is "
+        "replaced, and for room while the server is away before the stream restarts "
+        "from the last confirmed position",
     )
     nats_duplicate_window: float = duration(
         120.0,

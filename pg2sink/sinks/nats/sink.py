@@ -18,14 +18,19 @@ is the highest checkpoint whose every message JetStream stored, and a failed mes
 holds back every checkpoint after it.
 
 Failures: a JetStream error (no stream holds the subject, a refused message) raises
-SinkError; no acknowledgement within --nats-ack-timeout (the server went away, the
-messages were lost with the connection) raises SinkUnavailableError, so the service
-reconnects to PostgreSQL, which replays from the last confirmed position: the sink
-starts a new generation (client.py) and publishes again, and JetStream drops the
-repeats within its duplicate window (at-least-once; exactly-once within the window).
+SinkError, and nothing after the message is confirmed. A lost connection does not stop
+the stream: the loop connects again and sends again, in order, what was not
+acknowledged (client.py); confirmations pause meanwhile. Messages waiting longer than
+--nats-ack-timeout on a connection that seems alive (a frozen server) make the loop
+replace the connection the same way. Only when the server stays away for longer than
+--nats-ack-timeout while `write` waits for room does the sink raise
+SinkUnavailableError: the service reconnects to PostgreSQL, which replays from the last
+confirmed position, and the sink starts a new generation. Repeats are dropped by
+JetStream within its duplicate window (at-least-once; once within the window).
 
-Backpressure: at most MAX_IN_FLIGHT messages wait for their acknowledgement; `write`
-waits for room beyond that, so memory stays bounded while the server is slow or away.
+Backpressure: at most MAX_IN_FLIGHT messages and MAX_IN_FLIGHT_BYTES of payload wait
+for their acknowledgement; `write` waits for room beyond that, so memory stays bounded
+while the server is slow or away.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ __all__ = ["NatsSink"]
 BATCH = 256
 #: Messages published and not yet acknowledged at most; `write` waits beyond.
 MAX_IN_FLIGHT = 20_000
+#: Payload bytes published and not yet acknowledged at most (the loop keeps them to
+#: send again after an outage); `write` waits beyond.
+MAX_IN_FLIGHT_BYTES = 64 << 20
 #: Longest wait of flush() for acknowledgements, in seconds: short enough that the
 #: replication loop keeps answering PostgreSQL while the server is away.
 FLUSH_WAIT = 1.0
@@ -91,11 +99,10 @@ class NatsSink:
         #: messages written in this generation, and their bytes
         self._written = 0
         self._written_bytes = 0
-        #: (messages written before it, their bytes, lsn) of each checkpoint not yet
-        #: acknowledged, oldest first
-        self._checkpoints: deque[tuple[int, int, int]] = deque()
+        #: (messages written before it, lsn) of each checkpoint not yet acknowledged,
+        #: oldest first
+        self._checkpoints: deque[tuple[int, int]] = deque()
         self._acknowledged: int | None = None
-        self._acked_bytes = 0
         #: when the oldest message still waiting was handed over, if nothing waited then
         self._waiting_since = 0.0
 
@@ -168,7 +175,7 @@ class NatsSink:
         self._written_bytes += len(payload)
         if len(batch) >= BATCH:
             self._submit()
-            if self._written - self._acked_count() > MAX_IN_FLIGHT:
+            if self._no_room():
                 self._wait_for_room()
 
     def _submit(self) -> None:
@@ -183,13 +190,20 @@ class NatsSink:
         publisher.submit(self._generation, self._batch)
         self._batch = []
 
+    def _no_room(self) -> bool:
+        """Whether MAX_IN_FLIGHT messages or MAX_IN_FLIGHT_BYTES wait for JetStream."""
+        count, size = self._acked()
+        return (
+            self._written - count > MAX_IN_FLIGHT
+            or self._written_bytes - size > MAX_IN_FLIGHT_BYTES
+        )
+
     def _wait_for_room(self) -> None:
-        """Too many messages wait for their acknowledgement: wait until half of them
-        have one (bounded by --nats-ack-timeout, as every wait)."""
-        log.debug("%d NATS messages wait for acknowledgement; waiting", MAX_IN_FLIGHT)
-        target = self._written - MAX_IN_FLIGHT // 2
-        while self._acked_count() < target:
-            self._check()
+        """Too much waits for acknowledgements: wait until there is room again (a server
+        away for longer than --nats-ack-timeout ends the wait with SinkUnavailableError)."""
+        log.debug("%d NATS messages wait for acknowledgement; waiting", self._written)
+        while self._no_room():
+            self._check(for_room=True)
             time.sleep(_POLL)
 
     # -- acknowledgement -------------------------------------------------------------
@@ -197,9 +211,9 @@ class NatsSink:
     def checkpoint(self, lsn: int) -> None:
         checkpoints = self._checkpoints
         if checkpoints and checkpoints[-1][0] == self._written:
-            checkpoints[-1] = (self._written, self._written_bytes, lsn)  # no message since
+            checkpoints[-1] = (self._written, lsn)  # no message since
         else:
-            checkpoints.append((self._written, self._written_bytes, lsn))
+            checkpoints.append((self._written, lsn))
         self._submit()
 
     def start_flush(self) -> None:
@@ -207,16 +221,15 @@ class NatsSink:
         self._check()
 
     def pending_bytes(self) -> int:
-        """Payload bytes written and not yet acknowledged (as of the last checkpoint
-        acknowledged)."""
-        return self._written_bytes - self._acked_bytes
+        """Payload bytes written and not yet acknowledged."""
+        return self._written_bytes - self._acked()[1]
 
     def acknowledged(self) -> int | None:
         self._submit()
         acked = self._check()
         checkpoints = self._checkpoints
         while checkpoints and checkpoints[0][0] <= acked:
-            _, self._acked_bytes, self._acknowledged = checkpoints.popleft()
+            self._acknowledged = checkpoints.popleft()[1]
         return self._acknowledged
 
     def flush(self) -> int | None:
@@ -241,18 +254,24 @@ class NatsSink:
             time.sleep(_POLL)
         log.debug("JetStream acknowledged %s", what)
 
-    def _acked_count(self) -> int:
-        """Messages of this generation acknowledged with no gap before them."""
+    def _acked(self) -> tuple[int, int]:
+        """Messages of this generation acknowledged with no gap before them, and their
+        payload bytes."""
         publisher = self._publisher
         if publisher is None:
-            return 0
-        generation, count = publisher.acked
-        return count if generation == self._generation else 0
+            return 0, 0
+        generation, count, size = publisher.acked
+        return (count, size) if generation == self._generation else (0, 0)
 
-    def _check(self) -> int:
-        """The acknowledged count; raises the failure of this generation, or the
-        timeout of messages waiting longer than --nats-ack-timeout without any
-        acknowledgement (the sink then starts over for the replay)."""
+    def _acked_count(self) -> int:
+        return self._acked()[0]
+
+    def _check(self, *, for_room: bool = False) -> int:
+        """The acknowledged count. Raises the failure of this generation; replaces the
+        connection when messages waited longer than --nats-ack-timeout without any
+        acknowledgement on it; and, `for_room`, raises SinkUnavailableError when the
+        server was away that long (the stream cannot go on: the sink starts over for
+        PostgreSQL's replay)."""
         publisher = self._publisher
         if publisher is None:
             return 0
@@ -261,20 +280,22 @@ class NatsSink:
             self._restart()
             raise failure[1]
         acked = self._acked_count()
-        if acked < self._written and not self._batch:
-            waited = time.monotonic() - max(publisher.progress_at, self._waiting_since)
-            if waited > self.cfg.nats_ack_timeout:
-                # the same text every time: the service logs a repeated reason once
-                log.debug(
-                    "%d NATS messages unacknowledged for %.1fs", self._written - acked, waited
-                )
-                publisher.drop_connection()  # the replay starts on a new one
-                self._restart()
-                raise SinkUnavailableError(
-                    f"NATS at {publisher.url} acknowledged nothing within --nats-ack-timeout "
-                    f"({format_duration(self.cfg.nats_ack_timeout)}); resending from the "
-                    "last confirmed position (at-least-once)"
-                )
+        if acked == self._written or self._batch:
+            return acked
+        now, timeout = time.monotonic(), self.cfg.nats_ack_timeout
+        away_since = publisher.away_since
+        if away_since is None:
+            if now - max(publisher.progress_at, self._waiting_since) > timeout:
+                publisher.drop_connection()
+        elif for_room and now - away_since > timeout:
+            log.debug("%d NATS messages wait for a server away", self._written - acked)
+            self._restart()
+            # the same text every time: the service logs a repeated reason once
+            raise SinkUnavailableError(
+                f"NATS at {publisher.url} has been unreachable for more than "
+                f"--nats-ack-timeout ({format_duration(timeout)}) with "
+                "too much waiting; resending from the last confirmed position"
+            )
         return acked
 
     def _restart(self) -> None:
@@ -282,7 +303,7 @@ class NatsSink:
         position (whose Schema records come again, hence the tables too)."""
         self._generation += 1
         self._batch = []
-        self._written = self._written_bytes = self._acked_bytes = 0
+        self._written = self._written_bytes = 0
         self._checkpoints.clear()
         self._acknowledged = None
         self._tables.clear()
