@@ -40,6 +40,7 @@ from pg2sink.observability.position import server_position
 from pg2sink.observability.stats import LogCounter, StreamStats
 from pg2sink.publication.manager import PublicationManager, Reconciliation, Table
 from pg2sink.publication.patterns import TableFilter
+from pg2sink.routing.outbox import check_sink, publisher_for
 from pg2sink.routing.stage import RoutingStage
 from pg2sink.sinks import registry
 from pg2sink.sinks.base import ImportTarget, Sink
@@ -88,6 +89,8 @@ class StreamService:
     """Runs streaming sessions until SIGINT/SIGTERM."""
 
     def __init__(self, cfg: StreamConfig) -> None:
+        if cfg.routing.outbox and not cfg.decode_only:
+            check_sink(cfg.sink)
         self.cfg = cfg
         self.stop = StopRequested()
         self.table_filter = TableFilter.from_patterns(cfg.source.tables, cfg.source.exclude_tables)
@@ -314,8 +317,9 @@ class StreamService:
             next_feed = stage.bind
             # the session's end releases a hold() waiting for this loop's binding
             stack.callback(stage.detach)
-        if rules.active:  # --only, --exclude-column, --mask-column: in front of all
-            changelog.put_in_front(RoutingStage(rules, builder.catalog, next_feed))
+        if rules.active:  # --only, --exclude-column, --mask-column, --outbox: in front
+            publish = publisher_for(sink) if rules.outbox else None
+            changelog.put_in_front(RoutingStage(rules, builder.catalog, next_feed, publish))
         if not self.cfg.streaming:
             return changelog
         # created after START_REPLICATION took the slot: it deletes old spills
@@ -334,9 +338,11 @@ class StreamService:
         jobs.expire_jobs(
             conn, src.internal_schema, src.publication, [(t.schema, t.name) for t in left]
         )
-        jobs.create_jobs(
-            conn, src.internal_schema, src.publication, [(t.schema, t.name) for t in joined]
-        )
+        rules = self.cfg.routing.rules()  # an outbox's rows are never imported (outbox.py)
+        imported = [
+            (t.schema, t.name) for t in joined if rules.outbox_for(t.schema, t.name) is None
+        ]
+        jobs.create_jobs(conn, src.internal_schema, src.publication, imported)
 
     def _reconcile(self, manager: PublicationManager) -> Reconciliation:
         rec = manager.reconcile()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from pg2sink.options import flag
 from pg2sink.routing.masking import Mask
+from pg2sink.routing.outbox import compile_outbox
 from pg2sink.routing.rules import Rules, compile_rules
 
 #: a comma that starts another TABLE=ACTIONS (the next '=' comes before the next comma)
@@ -65,12 +66,50 @@ class RoutingConfig:
         repr=False,
     )
 
+    outbox: tuple[str, ...] = flag(
+        (),
+        group=GROUP,
+        help="tables matching this psql pattern are outboxes (pglsn): each INSERT becomes "
+        "one message to the topic its --outbox-topic-column names, its value the "
+        "--outbox-payload-column exactly; updates, deletes and truncates are ignored; "
+        "--sink kafka; repeatable",
+        metavar="TABLE",
+        repeat=True,
+    )
+    outbox_topic_column: str = flag(
+        "topic", group=GROUP, help="the outbox column naming the destination", metavar="COLUMN"
+    )
+    outbox_payload_column: str = flag(
+        "payload",
+        group=GROUP,
+        help="the outbox column whose value is the message (json, jsonb, text: its text; "
+        "bytea: its bytes)",
+        metavar="COLUMN",
+    )
+    outbox_key_column: str | None = flag(
+        None,
+        group=GROUP,
+        help="the outbox column whose text is the message key (default: no key)",
+        metavar="COLUMN",
+    )
+
     def __post_init__(self) -> None:
         self.rules()  # a value that does not parse is the user's error at start
 
     def rules(self) -> Rules:
         """The compiled rules."""
-        return compile_rules(self.only, self.exclude_columns, self.mask_columns, self.mask_key)
+        return compile_rules(
+            self.only,
+            self.exclude_columns,
+            self.mask_columns,
+            self.mask_key,
+            compile_outbox(
+                self.outbox,
+                self.outbox_topic_column,
+                self.outbox_payload_column,
+                self.outbox_key_column,
+            ),
+        )
 
     def secrets(self) -> tuple[str, ...]:
         """What logs and errors must never show (options.register_secrets)."""

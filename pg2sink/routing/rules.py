@@ -21,6 +21,7 @@ from pg2sink.changelog.records import Record, Schema
 from pg2sink.errors import ConfigError
 from pg2sink.publication.patterns import TablePattern, compile_pattern
 from pg2sink.routing.masking import Mask, annotate_schema, parse_mask
+from pg2sink.routing.outbox import OutboxRule
 
 __all__ = ["ACTIONS", "ColumnRule", "Rules", "TableRoute", "compile_rules"]
 
@@ -90,11 +91,16 @@ class Rules:
     only: tuple[tuple[TablePattern, frozenset[str]], ...] = ()
     excluded: tuple[ColumnRule, ...] = ()
     masked: tuple[ColumnRule, ...] = ()
+    outbox: tuple[OutboxRule, ...] = ()
 
     @property
     def active(self) -> bool:
         """Whether any rule exists (without one the stream takes no stage at all)."""
-        return bool(self.only or self.excluded or self.masked)
+        return bool(self.only or self.excluded or self.masked or self.outbox)
+
+    def outbox_for(self, schema: str, table: str) -> OutboxRule | None:
+        """The --outbox rule of the table, if it is an outbox (the first that matches)."""
+        return next((r for r in self.outbox if r.table.matches(schema, table)), None)
 
     def annotate(self, record: Record) -> Record:
         """A Schema record whose masked columns' fields say so ("pg.mask": the mask as
@@ -172,10 +178,12 @@ def compile_rules(
     exclude_columns: Sequence[str] = (),
     mask_columns: Sequence[str] = (),
     mask_key: str | None = None,
+    outbox: tuple[OutboxRule, ...] = (),
 ) -> Rules:
     """The rules of the options; ConfigError for a value that does not parse."""
     return Rules(
         tuple(_only(t) for t in only),
         tuple(_column_rule(t, "--exclude-column") for t in exclude_columns),
         tuple(_mask_rule(t, mask_key) for t in mask_columns),
+        outbox,
     )

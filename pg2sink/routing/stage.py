@@ -14,6 +14,8 @@ filtered actions and columns. Per message:
   TOAST stay what they are).
 - Truncate: the tables whose truncate does not pass are taken out of it; a Truncate of
   none of them is left out.
+- an outbox table (--outbox, outbox.py): its Relation is left out, each Insert is
+  published as one message and left out, its other messages are left out.
 - everything else, and every message of a table no rule touches, passes as it is.
 
 A left-out change never reaches the builder, but its transaction's Begin and Commit do:
@@ -38,8 +40,9 @@ from typing import Final
 from pg2sink.catalog.catalog import CatalogLookup
 from pg2sink.errors import DecodeError
 from pg2sink.logical.decoder import MessageTag, decode
-from pg2sink.logical.messages import Relation
+from pg2sink.logical.messages import Insert, Relation
 from pg2sink.routing.masking import Mask
+from pg2sink.routing.outbox import OutboxColumns, Publisher
 from pg2sink.routing.rules import Rules
 
 __all__ = ["RoutingStage", "relation_key"]
@@ -53,6 +56,7 @@ _U32: Final = struct.Struct(">I")
 _COLUMN_TYPE: Final = struct.Struct(">Ii")
 _RELATION: Final = int(MessageTag.RELATION)
 _TRUNCATE: Final = int(MessageTag.TRUNCATE)
+_INSERT: Final = int(MessageTag.INSERT)
 #: the row messages, by the action --only names them with
 _ROW_TAGS: Final = {
     int(MessageTag.INSERT): "insert",
@@ -91,9 +95,19 @@ def relation_key(catalog: CatalogLookup, rel: Relation) -> tuple[str, ...]:
 class RoutingStage:
     """The rules in front of the next feed (the import gate's stage, or the builder's)."""
 
-    def __init__(self, rules: Rules, catalog: CatalogLookup, next_feed: Callable[[], Feed]):
+    def __init__(
+        self,
+        rules: Rules,
+        catalog: CatalogLookup,
+        next_feed: Callable[[], Feed],
+        publish: Publisher | None = None,
+    ) -> None:
         self.rules = rules
         self.catalog = catalog
+        #: where outbox messages go (outbox.publisher_for); None without --outbox
+        self.publish = publish
+        #: the outbox tables' columns by relation oid
+        self._outboxes: dict[int, OutboxColumns] = {}
         #: asked at each bind(): the gate's stage says which feed follows it (GateStage.bind)
         self._next_feed = next_feed
         self._next: Feed = next_feed()
@@ -112,11 +126,16 @@ class RoutingStage:
             table = self._tables.get(_U32.unpack_from(payload, 1)[0]) if self._tables else None
             if table is not None:
                 if tag not in table.passes:
+                    if tag == _INSERT and self._outboxes:
+                        self._publish(bytes(payload), lsn)
                     return 0
                 if table.columns is not None:
                     payload = _rewrite_row(bytes(payload), table.columns)
         elif tag == _RELATION:
-            payload = self._relation(bytes(payload))
+            announced = self._relation(bytes(payload))
+            if announced is None:
+                return 0
+            payload = announced
         elif tag == _TRUNCATE and self._tables:
             kept = self._truncate(bytes(payload))
             if kept is None:
@@ -124,12 +143,30 @@ class RoutingStage:
             payload = kept
         return self._next(payload, lsn)
 
-    def _relation(self, data: bytes) -> bytes:
-        """Note the table's route; the message as the builder should see it."""
+    def _publish(self, data: bytes, lsn: int) -> None:
+        """An outbox table's INSERT: its message, published (outbox.py)."""
+        insert = decode(data)
+        assert isinstance(insert, Insert) and self.publish is not None
+        columns = self._outboxes.get(insert.relation_id)
+        if columns is None:
+            return
+        message = columns.message([v if isinstance(v, bytes) else None for v in insert.new])
+        if message is not None:
+            self.publish(*message, lsn)
+
+    def _relation(self, data: bytes) -> bytes | None:
+        """Note the table's route; the message as the builder should see it (None: an
+        outbox table, which the builder never hears of)."""
         rel = decode(data)
         assert isinstance(rel, Relation)
-        route = self.rules.route(rel.namespace, rel.name, [c.name for c in rel.columns])
         self._tables.pop(rel.relation_id, None)
+        self._outboxes.pop(rel.relation_id, None)
+        outbox = self.rules.outbox_for(rel.namespace, rel.name)
+        if outbox is not None:
+            self._outboxes[rel.relation_id] = OutboxColumns.of(outbox, rel)
+            self._tables[rel.relation_id] = _Table(frozenset(), False, None)
+            return None
+        route = self.rules.route(rel.namespace, rel.name, [c.name for c in rel.columns])
         if route.passes_everything:
             return data
         route.check_key(f"{rel.namespace}.{rel.name}", relation_key(self.catalog, rel))

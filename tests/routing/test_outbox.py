@@ -1,0 +1,108 @@
+"""--outbox end to end through Kafka: pg2sink run as a process on a real PostgreSQL and a
+real broker, the messages read back raw.
+
+Each INSERT into an outbox table is one message on the topic its row names, its value the
+payload column's bytes exactly and its key the key column's text; the application's
+DELETE of the row in the same transaction, and later UPDATEs and DELETEs, send nothing;
+the outbox table itself gets no topic of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import confluent_kafka as ck
+
+from tests.conftest import Database, KafkaStack, run_cli
+from tests.sinks.test_kafka import Reader, reader, start
+
+__all__ = ["reader"]  # the fixture, imported for these tests
+
+
+def test_outbox_inserts_are_messages_on_the_topic_they_name(
+    db: Database,
+    kafka_stack: KafkaStack,
+    topic_prefix: str,
+    pg2sink_proc: Callable[..., object],
+    reader: Callable[..., Reader],
+) -> None:
+    conn = db.connect()
+    for table, payload in [("events", "jsonb"), ("blobs", "bytea")]:
+        conn.execute(
+            f"CREATE TABLE {table} (id bigserial PRIMARY KEY, topic text NOT NULL,"
+            f" payload {payload}, aggregate_id text)"
+        )
+    conn.execute("CREATE TABLE orders (id int PRIMARY KEY, total int)")
+    placed, files = f"{topic_prefix}-orders", f"{topic_prefix}-files"
+    p = start(
+        pg2sink_proc,  # type: ignore[arg-type]
+        kafka_stack,
+        topic_prefix,
+        "--outbox",
+        "public.events",
+        "--outbox",
+        "blobs",
+        "--outbox-key-column",
+        "aggregate_id",
+    )
+    event = "INSERT INTO events (topic, payload, aggregate_id) VALUES (%s, %s, %s)"
+    with conn.transaction():  # the domain change and its event, the outbox cleaned at once
+        conn.execute("INSERT INTO orders VALUES (1, 10)")
+        conn.execute(event, (placed, '{"order": 1, "total": 10}', "order-1"))
+        conn.execute("DELETE FROM events")
+    conn.execute(
+        "INSERT INTO blobs (topic, payload) VALUES (%s, %s)", (files, b"\x00\x01 raw \x7f")
+    )
+    conn.execute(event, (placed, '{"order": 2}', "order-2"))
+    conn.execute("UPDATE events SET payload = '{}'")
+    conn.execute("DELETE FROM events")
+    conn.execute("TRUNCATE blobs")
+    conn.execute(event, (placed, '{"order": 3}', None))
+
+    consumer = reader(placed, files, avro=False)
+    consumer.read(4)
+    got = consumer.read_for(2.0)  # and nothing more comes
+    assert p.stop() == 0
+    by_topic = {t: [(m.raw_key, m.raw_value) for m in got if m.topic == t] for t in (placed, files)}
+    # jsonb: PostgreSQL's text of the value, exactly
+    assert by_topic[placed] == [
+        (b"order-1", b'{"order": 1, "total": 10}'),
+        (b"order-2", b'{"order": 2}'),
+        (None, b'{"order": 3}'),
+    ]
+    assert by_topic[files] == [(None, b"\x00\x01 raw \x7f")]  # bytea: the bytes
+    assert all(int(m.headers["lsn"]) > 0 for m in got)
+    topics = ck.admin.AdminClient({"bootstrap.servers": kafka_stack.bootstrap_servers})
+    names = set(topics.list_topics(timeout=10).topics)
+    assert f"{topic_prefix}.public.orders" in names  # the other tables stream as ever
+    assert not any(
+        n.startswith((f"{topic_prefix}.public.events", f"{topic_prefix}.public.blobs"))
+        for n in names
+    )
+
+
+def test_outbox_needs_kafka(db: Database, tmp_path: Path) -> None:
+    done = run_cli(
+        "stream", "--source", db.dsn, "--file-path", str(tmp_path / "o"), "--outbox", "events"
+    )
+    assert done.returncode == 2
+    assert "--outbox publishes to Kafka only (for now): add --sink kafka" in done.stderr
+    assert db.slot_confirmed_lsn() is None  # refused before anything was made
+
+
+def test_an_outbox_without_its_columns_stops_the_stream(
+    db: Database,
+    kafka_stack: KafkaStack,
+    topic_prefix: str,
+    pg2sink_proc: Callable[..., object],
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE events (id bigserial PRIMARY KEY, subject text, body json)")
+    p = start(pg2sink_proc, kafka_stack, topic_prefix, "--outbox", "events")  # type: ignore[arg-type]
+    conn.execute("INSERT INTO events (subject, body) VALUES ('a', '{}')")
+    assert p.proc is not None and p.proc.wait(30) == 2
+    assert (
+        "--outbox public.events: no column 'topic' (--outbox-topic-column); its columns: "
+        "id, subject, body"
+    ) in p.stderr()
