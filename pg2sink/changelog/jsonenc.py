@@ -72,7 +72,6 @@ def _base64(value: bytes) -> str:
 
 # Types orjson does not know natively, by exact type (the common case: one dict lookup).
 _ENCODERS: dict[type, Callable[[Any], object]] = {
-    JsonNumber: lambda v: orjson.Fragment(v.text),
     Decimal: _decimal,
     bytes: _base64,
     bytearray: _base64,
@@ -83,6 +82,8 @@ _ENCODERS: dict[type, Callable[[Any], object]] = {
 
 def default(obj: Any) -> object:
     """orjson's fallback for the values above that it does not write natively."""
+    if obj.__class__ is JsonNumber:  # the most frequent by far: no lookup, no second frame
+        return orjson.Fragment(obj.text)
     encoder = _ENCODERS.get(type(obj))
     if encoder is not None:
         return encoder(obj)
