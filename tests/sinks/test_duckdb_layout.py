@@ -11,6 +11,7 @@ from typing import Any
 import duckdb
 import pytest
 
+from pg2sink.changelog.pgvalues import PgText
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.errors import SinkError
 from pg2sink.sinks.duckdb.config import DuckDBConfig
@@ -167,3 +168,19 @@ def test_a_failed_commit_confirms_nothing(tmp_path: Path) -> None:
 )
 def test_widening(old: str, new: str, applies: bool) -> None:
     assert widens(old, new) is applies
+
+
+def test_an_array_kept_as_text_alone_in_its_batch(tmp_path: Path) -> None:
+    # Arrow would take the text '[0:1]={a,b}' for a list of its characters
+    path = tmp_path / "array.duckdb"
+    sink = opened(path)
+    texts = {"type": "array", "items": ["null", TEXT], "pg.type": "text[]"}
+    sink.write(schema("public", "t", ("id", INT), ("a", texts)))
+    sink.write(insert("public", "t", 0, id=1, a=PgText("[0:1]={a,b}")))
+    sink.checkpoint(100)
+    sink.write(insert("public", "t", 0, id=2, a=["x", None]))
+    sink.checkpoint(200)
+    assert sink.flush() == 200
+    sink.close()
+    rows = query(path, "SELECT id, a, _pg2sink_text FROM public_t_raw ORDER BY id")
+    assert rows == [(1, None, {"a": "[0:1]={a,b}"}), (2, ["x", None], None)]

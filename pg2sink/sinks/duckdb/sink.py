@@ -57,6 +57,10 @@ __all__ = ["STATE_KEY", "DuckDBSink"]
 #: file belongs to one stream (docs/sinks/duckdb.md)
 STATE_KEY = "pg2sink"
 
+#: a batch this large is committed at the next checkpoint, after waiting for the one
+#: being committed (memory stays bounded when the stream outruns DuckDB)
+MAX_BATCH_RECORDS = 20_000
+
 #: pending_bytes' estimate of a record held in memory
 RECORD_BYTES = 256
 
@@ -152,6 +156,11 @@ class DuckDBSink:
             return
         self._batch.extend(pending)
         self._batch_lsn = self._taken = lsn
+        if len(self._batch) >= MAX_BATCH_RECORDS:
+            # DuckDB is behind: wait for its commit and hand it this batch, so memory
+            # holds two batches at most (the stream waits meanwhile)
+            self._wait()
+            self.start_flush()
 
     def start_flush(self) -> None:
         """Start committing the batch in the background, unless a commit is running."""

@@ -105,7 +105,8 @@ class Toast:
 
 def _unchanged(after: dict[str, object] | None) -> list[str]:
     """The columns of `after` holding UNCHANGED_TOAST."""
-    if after is None:
+    # `in` compares by identity first (UnchangedToast has no __eq__): a C loop per row
+    if after is None or UNCHANGED_TOAST not in after.values():
         return []
     return [c for c, v in after.items() if v is UNCHANGED_TOAST]
 

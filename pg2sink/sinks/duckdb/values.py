@@ -120,6 +120,15 @@ def _column(
     """An Arrow array of one column; specials go to `texts` (per row) under `name`."""
     import pyarrow as pa
 
+    if not duck.endswith("[]"):
+        try:
+            # Most columns hold only values Arrow takes as they are: one call in C. A
+            # PgText (or a Decimal for text) makes Arrow refuse a scalar column, never
+            # accept it changed; then each value goes through its converter. Not lists:
+            # Arrow would take a PgText ('[0:1]={a,b}') as a sequence of characters.
+            return pa.array(values, arrow_type(duck))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+            pass
     convert = converter(duck)
     out: list[object] = []
     for i, value in enumerate(values):
