@@ -26,16 +26,22 @@ installed once by `npm ci` from scripts/kinesalite/package-lock.json into the
 same cache and started on loopback by scripts/kinesalite/server.js; it needs
 `node` and `npm`. Both keep their data in their state directory across
 restarts.
+
+Spark is a standalone cluster (a master and two workers of one core each) run
+by the `spark-class` script of the pyspark package in .venv, which is a Spark
+distribution: imports run on it with `--spark-master $SPARK_MASTER_URL`.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import concurrent.futures
 import contextlib
 import fcntl
 import glob
 import hashlib
+import importlib.util
 import json
 import os
 import shlex
@@ -449,14 +455,19 @@ class Daemon:
             _say(f"{self.name}: pid {pid} is alive but not serving; stopping it")
             self.stop(timeout=10)
 
-    def _spawn(self, cmd: Sequence[str], ready: Callable[[], bool]) -> None:
-        """Start `cmd` in the background, logging to `self.log`; wait until `ready()`."""
+    def _spawn(
+        self, cmd: Sequence[str], ready: Callable[[], bool], env: Mapping[str, str] | None = None
+    ) -> None:
+        """Start `cmd` in the background, logging to `self.log`; wait until `ready()`.
+
+        `env` is the environment of the process (default: this one's)."""
         with open(self.log, "ab") as log:
             log.write(f"=== {time.strftime('%F %T')} services.py: {shlex.join(cmd)}\n".encode())
             log.flush()
             proc = subprocess.Popen(
                 list(cmd),
                 cwd=self.base,
+                env=None if env is None else dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -880,6 +891,258 @@ class Kinesalite(OnePortServer):
         return self
 
 
+# --- Spark standalone: a master and workers from pyspark's spark-class -------
+
+
+def spark_home() -> Path:
+    """pyspark's package directory, which is a Spark distribution (bin/spark-class,
+    jars/): the one in the repository's .venv, else the running interpreter's."""
+    venv = REPO / ".venv" / "lib" / "python3*" / "site-packages" / "pyspark" / "bin" / "spark-class"
+    found = sorted(glob.glob(str(venv)))
+    if found:
+        return Path(found[-1]).parent.parent
+    spec = importlib.util.find_spec("pyspark")
+    if spec is not None and spec.origin is not None:
+        home = Path(spec.origin).parent
+        if (home / "bin" / "spark-class").exists():
+            return home
+    raise ServiceError(
+        "spark: pyspark not found; run `make setup` (it installs pyspark into .venv)"
+    )
+
+
+def _json_at(url: str) -> dict[str, object]:
+    """The JSON object a web UI serves at `url`."""
+    with urllib.request.urlopen(url, timeout=5) as r:
+        value = json.load(r)
+    if not isinstance(value, dict):
+        raise ServiceError(f"{url} answered {type(value).__name__}, not an object")
+    return value
+
+
+@dataclass
+class SparkDaemon(Daemon):
+    """A Spark standalone daemon (`main`, a class of org.apache.spark.deploy) run by
+    pyspark's bin/spark-class, serving RPC on `port` and its web UI on `webui_port`.
+
+    It logs at INFO into its log (Spark's default log4j profile), which is how
+    readiness is seen: `ready_line` written since this start.
+    """
+
+    main: ClassVar[str] = ""
+    ready_line: ClassVar[bytes] = b""
+    ready_timeout: ClassVar[float] = 60.0
+    stop_timeout: ClassVar[float] = 15.0
+    #: heap of the daemon itself (SPARK_DAEMON_MEMORY); executors get their own JVMs
+    heap: ClassVar[str] = "256m"
+
+    port: int
+    webui_port: int
+
+    def ports(self) -> list[int]:
+        return [self.port, self.webui_port]
+
+    @property
+    def webui_url(self) -> str:
+        return f"http://{self.host}:{self.webui_port}"
+
+    def state(self) -> dict[str, object]:
+        """What the web UI serves at /json/ (workers and apps; a worker's executors)."""
+        return _json_at(f"{self.webui_url}/json/")
+
+    def arguments(self) -> list[str]:
+        """The daemon's command-line arguments after the common ones."""
+        raise NotImplementedError
+
+    def settings(self) -> dict[str, str]:
+        """Spark properties of the daemon (its --properties-file)."""
+        return {}
+
+    def environment(self, home: Path) -> dict[str, str]:
+        java = Path(os.path.realpath(_java(self.name)))
+        return {
+            **os.environ,
+            "SPARK_HOME": str(home),
+            "JAVA_HOME": str(java.parent.parent),
+            "SPARK_LOCAL_IP": self.host,
+            # executors' scratch space (blocks, fetched files) stays under `base`
+            "SPARK_LOCAL_DIRS": str(self.base / "local"),
+            "SPARK_DAEMON_MEMORY": self.heap,
+        }
+
+    def start(self) -> SparkDaemon:
+        """Start and wait until the daemon logs `ready_line` and serves its ports."""
+        if self.running():
+            return self
+        self._stop_stale()
+        home = spark_home()
+        (self.base / "local").mkdir(parents=True, exist_ok=True)
+        # the properties file also puts `base` on the command line, which pid() checks
+        props = self.base / "spark.properties"
+        _write_properties(props, self.settings())
+        cmd = [
+            str(home / "bin" / "spark-class"),
+            self.main,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.webui_port),
+            "--properties-file",
+            str(props),
+            *self.arguments(),
+        ]
+        offset = _log_size(self.log)
+        self._spawn(
+            cmd,
+            lambda: (
+                _log_has(self.log, offset, self.ready_line)
+                and all(_port_open(p) for p in self.ports())
+            ),
+            env=self.environment(home),
+        )
+        return self
+
+
+@dataclass
+class SparkMaster(SparkDaemon):
+    """The standalone master; applications connect to `url` (spark://127.0.0.1:PORT)."""
+
+    name: ClassVar[str] = "spark-master"
+    main: ClassVar[str] = "org.apache.spark.deploy.master.Master"
+    ready_line: ClassVar[bytes] = b"I have been elected leader"
+
+    @property
+    def url(self) -> str:
+        return f"spark://{self.host}:{self.port}"
+
+    def arguments(self) -> list[str]:
+        return []
+
+    def settings(self) -> dict[str, str]:
+        # the REST submission server would take the fixed port 6066: nothing here uses it
+        return {"spark.master.rest.enabled": "false"}
+
+
+@dataclass
+class SparkWorker(SparkDaemon):
+    """A standalone worker of `master_url` offering `cores` and `memory` to executors,
+    each application's executor a JVM of its own under `base`/work/APP/N/."""
+
+    name: ClassVar[str] = "spark-worker"
+    main: ClassVar[str] = "org.apache.spark.deploy.worker.Worker"
+    ready_line: ClassVar[bytes] = b"Successfully registered with master"
+
+    master_url: str
+    cores: int = 1
+    #: an executor asks for 1g by default (spark.executor.memory)
+    memory: str = "1g"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.base / "work"
+
+    def arguments(self) -> list[str]:
+        return [
+            "--cores",
+            str(self.cores),
+            "--memory",
+            self.memory,
+            "--work-dir",
+            str(self.work_dir),
+            self.master_url,
+        ]
+
+
+@dataclass
+class SparkCluster:
+    """A Spark standalone cluster on loopback: a master and workers of one core each.
+
+    `ports` are the master's RPC and web UI ports, then each worker's pair (two
+    workers by default); each daemon keeps its log in `base`/master/ or
+    `base`/workerN/, and a worker its executors' directories in `workerN`/work/.
+    """
+
+    base: Path
+    ports: Sequence[int]
+    master: SparkMaster = field(init=False)
+    workers: list[SparkWorker] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.master = SparkMaster(self.base / "master", self.ports[0], self.ports[1])
+        self.workers = [
+            SparkWorker(
+                self.base / f"worker{n}",
+                self.ports[2 * n],
+                self.ports[2 * n + 1],
+                master_url=self.master.url,
+            )
+            for n in range(1, len(self.ports) // 2)
+        ]
+
+    @property
+    def url(self) -> str:
+        return self.master.url
+
+    @property
+    def address(self) -> str:
+        return self.url
+
+    def daemons(self) -> list[SparkDaemon]:
+        return [self.master, *self.workers]
+
+    def alive_workers(self) -> set[int]:
+        """RPC ports of the workers the master counts as ALIVE (none if it does not answer)."""
+        try:
+            workers = self.master.state().get("workers")
+        except (urllib.error.URLError, OSError, ValueError):
+            return set()
+        return {
+            int(w["port"])
+            for w in (workers if isinstance(workers, list) else [])
+            if isinstance(w, dict) and w.get("state") == "ALIVE"
+        }
+
+    def registered(self) -> bool:
+        """Whether every worker of ours is registered and ALIVE at the master."""
+        return {w.port for w in self.workers} <= self.alive_workers()
+
+    def running(self) -> bool:
+        return all(d.running() for d in self.daemons()) and self.registered()
+
+    def start(self) -> SparkCluster:
+        """Start the master, then the workers side by side; wait until all registered.
+
+        (A worker started before its master answers retries only after several seconds.)"""
+        self.master.start()
+        with concurrent.futures.ThreadPoolExecutor(len(self.workers)) as pool:
+            for _ in pool.map(SparkWorker.start, self.workers):
+                pass
+        deadline = time.monotonic() + SparkWorker.ready_timeout
+        while not self.registered():
+            if time.monotonic() > deadline:
+                raise ServiceError(
+                    f"spark: workers {[w.port for w in self.workers]} not ALIVE at "
+                    f"{self.master.webui_url}/json/ after {SparkWorker.ready_timeout:.0f}s"
+                )
+            time.sleep(0.1)
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """The workers (each stops its executors), then the master."""
+        for worker in self.workers:
+            worker.stop(timeout)
+        self.master.stop(timeout)
+
+    def destroy(self) -> None:
+        self.stop(timeout=5)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def env(self) -> dict[str, str]:
+        return {"SPARK_MASTER_URL": self.url, "SPARK_MASTER_WEBUI_URL": self.master.webui_url}
+
+
 def write_env(path: Path, values: Mapping[str, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"export {k}={shlex.quote(v)}" for k, v in values.items()]
@@ -941,11 +1204,26 @@ def _make(name: str, directory: Path, ports: list[int]) -> Service:
         return NatsServer(base=base, port=ports[0])
     if name == "kinesis":
         return Kinesalite(base=base, port=ports[0])
+    if name == "spark":
+        return SparkCluster(base=base, ports=ports)
     return SchemaRegistry(base=base, port=ports[0])
 
 
 # name -> ports
-SERVICES: dict[str, int] = {"postgres": 1, "kafka": 2, "registry": 1, "nats": 1, "kinesis": 1}
+SERVICES: dict[str, int] = {
+    "postgres": 1,
+    "kafka": 2,
+    "registry": 1,
+    "nats": 1,
+    "kinesis": 1,
+    "spark": 2 + 2 * 2,  # the master's and two workers' RPC and web UI ports
+}
+
+
+def _partly_running(svc: Service) -> bool:
+    """Whether some daemon of a cluster runs: its ports are its own, not another program's
+    (`start` brings up the rest, e.g. a worker a test killed)."""
+    return isinstance(svc, SparkCluster) and any(d.pid() is not None for d in svc.daemons())
 
 
 def service_in(directory: Path, name: str, for_start: bool = False) -> Service:
@@ -956,7 +1234,12 @@ def service_in(directory: Path, name: str, for_start: bool = False) -> Service:
     n = SERVICES[name]
     ports = _ports_in(directory, name, n, fresh=False)
     svc = _make(name, directory, ports)
-    if for_start and not svc.running() and any(_port_open(p) for p in ports):
+    if (
+        for_start
+        and not svc.running()
+        and not _partly_running(svc)
+        and any(_port_open(p) for p in ports)
+    ):
         svc = _make(name, directory, _ports_in(directory, name, n, fresh=True))
     return svc
 

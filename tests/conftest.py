@@ -358,3 +358,29 @@ def kinesis_endpoint() -> Iterator[str]:
         lambda base, port: services.Kinesalite(base=base / "kinesis", port=port),
     ) as endpoint:
         yield endpoint
+
+
+# --- A Spark standalone cluster -------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[services.SparkCluster]:
+    """A Spark standalone cluster on loopback (a master, two workers of one core each):
+    `make services`' own (.services/spark) when SPARK_MASTER_URL names it, else one
+    started for the session. Its `url` is the --spark-master of an import; tests reach
+    its processes (`workers[i].pid()`) and web UIs (`master.state()`). A test that kills
+    a worker starts it again before it ends."""
+    url = os.environ.get("SPARK_MASTER_URL")
+    if url and (services.DEFAULT_DIR / "spark.port").exists():
+        shared = services.service_in(services.DEFAULT_DIR, "spark")
+        if isinstance(shared, services.SparkCluster) and shared.url == url:
+            yield shared
+            return
+    base = Path(tempfile.mkdtemp(prefix="pg2sink-spark-"))
+    cluster = services.SparkCluster(base / "spark", services.free_ports(services.SERVICES["spark"]))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+        subprocess.run(["rm", "-rf", str(base)], check=False)
