@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import nats
@@ -199,6 +199,17 @@ async def _delete_stream(url: str, stream: str) -> None:
         await nc.close()
 
 
+@contextlib.contextmanager
+def opened(cfg: NatsConfig) -> Iterator[NatsSink]:
+    """A NatsSink, opened (connected, its stream made sure of), closed at the end."""
+    sink = NatsSink(cfg)
+    sink.open()
+    try:
+        yield sink
+    finally:
+        sink.close()
+
+
 def table_schema(name: str, namespace: str = "public") -> Schema:
     row = {
         "type": "record",
@@ -232,16 +243,12 @@ def test_records_arrive_on_their_subjects_with_their_lines(
         T, 1, 1002, 7, Operation.TRUNCATE, "public", "my.t", None, None, cascade=True
     )
     message = Message(T, 1003, 7, True, "app", b"\x00hi")
-    sink = NatsSink(nats_cfg)
-    sink.open()
-    try:
+    with opened(nats_cfg) as sink:
         records: list[Record] = [schema, insert, truncate, message]
         for record in records:
             sink.write(record)
         sink.checkpoint(1100)
         assert sink.flush() == 1100
-    finally:
-        sink.close()
     got = stored(nats_url, topic_prefix)
     subject = f"{topic_prefix}.public.my%2Et"
     assert [m.subject for m in got] == [
@@ -266,9 +273,7 @@ def test_checkpoints_follow_the_acks_and_a_replay_is_stored_once(
     nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
 ) -> None:
     def publish(n: int) -> None:
-        sink = NatsSink(nats_cfg)
-        sink.open()
-        try:
+        with opened(nats_cfg) as sink:
             assert sink.acknowledged() is None
             sink.write(table_schema("t"))
             for i in range(n):
@@ -279,8 +284,6 @@ def test_checkpoints_follow_the_acks_and_a_replay_is_stored_once(
             assert sink.flush() == 1000 + n
             sink.checkpoint(5000)
             assert sink.flush() == 5000 and sink.pending_bytes() == 0
-        finally:
-            sink.close()
 
     publish(3000)
     first = stored(nats_url, topic_prefix)
@@ -294,9 +297,7 @@ def test_checkpoints_follow_the_acks_and_a_replay_is_stored_once(
 def test_a_deleted_stream_is_an_error_and_confirms_nothing_after_it(
     nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
 ) -> None:
-    sink = NatsSink(nats_cfg)
-    sink.open()
-    try:
+    with opened(nats_cfg) as sink:
         sink.write(table_schema("t"))
         sink.write(change(1))
         sink.checkpoint(1100)
@@ -308,23 +309,32 @@ def test_a_deleted_stream_is_an_error_and_confirms_nothing_after_it(
             wait_for(lambda: sink.flush() == 1200, 10, "the failure")
         assert len(str(err.value).splitlines()) == 1
         assert sink.acknowledged() is None  # started over: nothing past the failure
-    finally:
-        sink.close()
 
 
 # --- a server of the test's own, stopped and started ---------------------------------------
 
 
-@pytest.fixture
-def own_nats() -> Iterator[services.NatsServer]:
+S = TypeVar("S", bound=services.NatsServer)
+
+
+@contextlib.contextmanager
+def own_server(kind: type[S]) -> Iterator[S]:
+    """A server of `kind` in a temporary directory of its own, on a free port (its store
+    survives a stop and start)."""
     base = Path(tempfile.mkdtemp(prefix="pg2sink-nats-own-"))
-    server = services.NatsServer(base=base / "nats", port=services.free_port())
+    server = kind(base=base / "nats", port=services.free_port())
     try:
         server.start()
         yield server
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def own_nats() -> Iterator[services.NatsServer]:
+    with own_server(services.NatsServer) as server:
+        yield server
 
 
 def publish_one(sink: NatsSink, i: int) -> None:
@@ -340,9 +350,7 @@ def test_a_lost_connection_pauses_confirmations_and_sends_again_in_order(
 ) -> None:
     caplog.set_level(logging.INFO, logger="pg2sink")
     cfg = NatsConfig(nats_url=own_nats.url, nats_subject_prefix=topic_prefix)
-    sink = NatsSink(cfg)
-    sink.open()
-    try:
+    with opened(cfg) as sink:
         publish_one(sink, 1)
         assert sink.flush() == 1101
         own_nats.stop()
@@ -353,8 +361,6 @@ def test_a_lost_connection_pauses_confirmations_and_sends_again_in_order(
         assert sink.flush() == 1101  # not acknowledged: not confirmed, and no error
         own_nats.start()
         wait_for(lambda: sink.flush() == 1104, 30, "the acknowledgements after the outage")
-    finally:
-        sink.close()
     got = [m for m in stored(own_nats.url, topic_prefix) if not m.subject.endswith(".schema")]
     assert [m.value["after"]["id"] for m in got] == [1, 2, 3, 4]
     logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
@@ -373,11 +379,9 @@ def test_a_frozen_server_gets_a_new_connection_after_the_ack_timeout(
     """A server that keeps its connections but answers nothing (stopped with SIGSTOP)."""
     caplog.set_level(logging.INFO, logger="pg2sink")
     cfg = NatsConfig(nats_url=own_nats.url, nats_subject_prefix=topic_prefix, nats_ack_timeout=2.0)
-    sink = NatsSink(cfg)
-    sink.open()
     pid = own_nats.pid()
     assert pid is not None
-    try:
+    with opened(cfg) as sink:
         publish_one(sink, 1)
         assert sink.flush() == 1101
         os.kill(pid, signal.SIGSTOP)
@@ -394,8 +398,6 @@ def test_a_frozen_server_gets_a_new_connection_after_the_ack_timeout(
         finally:
             os.kill(pid, signal.SIGCONT)
         wait_for(lambda: sink.flush() == 1102, 30, "the acknowledgement on a new connection")
-    finally:
-        sink.close()
     got = [m for m in stored(own_nats.url, topic_prefix) if not m.subject.endswith(".schema")]
     # the frozen server may have stored the first copy too: one copy either way
     assert [m.value["after"]["id"] for m in got] == [1, 2]
@@ -406,9 +408,7 @@ def test_a_server_away_too_long_while_writes_wait_is_unavailable(
 ) -> None:
     monkeypatch.setattr(nats_sink, "MAX_IN_FLIGHT", 100)
     cfg = NatsConfig(nats_url=own_nats.url, nats_subject_prefix=topic_prefix, nats_ack_timeout=1.0)
-    sink = NatsSink(cfg)
-    sink.open()
-    try:
+    with opened(cfg) as sink:
         publish_one(sink, 1)
         assert sink.flush() == 1101
         own_nats.stop()
@@ -419,8 +419,6 @@ def test_a_server_away_too_long_while_writes_wait_is_unavailable(
         own_nats.start()
         publish_one(sink, 2)  # the replay from 1101
         wait_for(lambda: sink.flush() == 1102, 30, "the replay's acknowledgement")
-    finally:
-        sink.close()
     got = [m for m in stored(own_nats.url, topic_prefix) if not m.subject.endswith(".schema")]
     assert [m.value["after"]["id"] for m in got][:2] == [1, 2]
 
@@ -647,14 +645,8 @@ PASSWORD = "Hunter5xyz"
 
 @pytest.fixture
 def password_nats() -> Iterator[PasswordNats]:
-    base = Path(tempfile.mkdtemp(prefix="pg2sink-nats-auth-"))
-    server = PasswordNats(base=base / "nats", port=services.free_port())
-    try:
-        server.start()
+    with own_server(PasswordNats) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_logins_by_user_and_password_and_a_refused_one(
@@ -666,14 +658,10 @@ def test_logins_by_user_and_password_and_a_refused_one(
         nats_user="me",
         nats_password=PASSWORD,
     )
-    sink = NatsSink(cfg)
-    sink.open()  # connected, and the stream created
-    try:
+    with opened(cfg) as sink:  # connected, and the stream created
         sink.write(table_schema("t"))
         sink.checkpoint(20)
         assert sink.flush() == 20
-    finally:
-        sink.close()
     wrong = f"nats://me:{PASSWORD}-not@{password_nats.url.removeprefix('nats://')}"
     res = run_cli("--sink", "nats", "--nats-url", wrong, env=NO_SERVER)
     assert res.returncode == 2, res.stderr
@@ -686,9 +674,7 @@ def test_logins_by_user_and_password_and_a_refused_one(
 def test_a_message_over_max_payload_names_the_limit(
     nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
 ) -> None:
-    sink = NatsSink(nats_cfg)
-    sink.open()
-    try:
+    with opened(nats_cfg) as sink:
         sink.write(table_schema("t"))
         sink.checkpoint(100)
         big = Modification(T, 0, 1001, 7, Operation.INSERT, "public", "t", None, {"v": "x" * 2**21})
@@ -698,8 +684,6 @@ def test_a_message_over_max_payload_names_the_limit(
         with pytest.raises(SinkError, match=r"larger than the NATS server's max_payload") as err:
             wait_for(lambda: sink.flush() == 1200, 10, "the failure")
         assert "(2,097,333 bytes)" in str(err.value) and "max_payload (1,048,576)" in str(err.value)
-    finally:
-        sink.close()
     # the Schema record only: neither the large change nor the one after it
     assert [m.subject for m in stored(nats_url, topic_prefix)] == [
         f"{topic_prefix}.public.t.schema"
