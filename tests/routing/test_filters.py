@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psycopg
+from psycopg import sql
+
 from tests.conftest import Database, read_jsonl, run_cli, wait_for
 from tests.support import Proc, modifications, start
 
@@ -85,3 +88,45 @@ def test_bad_only_values_are_one_line_errors(db: Database) -> None:
         done = run_cli("stream", "--source", db.dsn, "--only", value)
         assert done.returncode == 2, done.stderr
         assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_routing_applies_to_streamed_transactions(
+    db: Database, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    """--streaming replays a large transaction at its commit through the same stage."""
+    conn = db.connect()
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} SET logical_decoding_work_mem = '64kB'").format(
+            sql.Identifier(db.name)
+        )
+    )
+    conn.execute("CREATE TABLE big (id int PRIMARY KEY, secret text, payload text)")
+    out = tmp_path / "out.jsonl"
+    p = start(
+        pg2sink_proc,
+        out,
+        "--streaming",
+        "--spill-dir",
+        str(tmp_path / "spill"),
+        "--only",
+        "big=update",
+        "--exclude-column",
+        "big.secret",
+    )
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO big SELECT i, 'hidden', repeat('p', 100) FROM generate_series(1, 3000) i"
+        )
+        conn.execute("UPDATE big SET payload = 'q' WHERE id <= 2000")
+    wait_for(lambda: len(modifications(out)) >= 2000, what="the streamed updates")
+    assert p.stop() == 0
+    mods = modifications(out)
+    assert {m["operation"] for m in mods} == {"UPDATE"} and len(mods) == 2000
+    assert [m["sequence"] for m in mods] == list(range(2000))
+    assert all(set(m["after"]) == {"id", "payload"} for m in mods)
+    assert b"hidden" not in out.read_bytes()
+    with psycopg.connect(db.dsn, autocommit=True) as c:  # the server did stream it
+        row = c.execute(
+            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s", (db.slot,)
+        ).fetchone()
+    assert row is not None and row[0] >= 1
