@@ -43,7 +43,7 @@ from pg2sink.publication.patterns import TableFilter
 from pg2sink.routing.outbox import check_sink, publisher_for
 from pg2sink.routing.stage import RoutingStage
 from pg2sink.sinks import registry
-from pg2sink.sinks.base import ImportTarget, Sink
+from pg2sink.sinks.base import ImportTarget, Sink, UsesSlot
 from pg2sink.sinks.file import FileConfig, repair_torn_line
 from pg2sink.subscription.connection import ReplicationStream
 from pg2sink.subscription.handlers import ChangelogHandler, DecodeOnlyHandler, Feed
@@ -66,7 +66,10 @@ _SERVER_GONE = frozenset({"57P01", "57P02", "57P03"})
 
 def make_sink(cfg: StreamConfig) -> Sink:
     """The sink `cfg` asks for (not opened yet), by its registry entry."""
-    return registry.entry(cfg.sink).create(cfg.sink_config)
+    sink = registry.entry(cfg.sink).create(cfg.sink_config)
+    if isinstance(sink, UsesSlot):
+        sink.use_slot(cfg.source.slot)
+    return sink
 
 
 def _open_output(path: str) -> TextIO:

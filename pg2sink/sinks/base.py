@@ -67,6 +67,14 @@ class ReportsHealth(Protocol):
 
 
 @runtime_checkable
+class UsesSlot(Protocol):
+    """A sink that needs the replication slot's name (Kafka --exactly-once: its default
+    transactional id): told once, before `open()`."""
+
+    def use_slot(self, slot: str) -> None: ...
+
+
+@runtime_checkable
 class WritesNewRows(Protocol):
     """A sink that takes an Insert's or Update's new row as plain arguments, without a
     Modification record (the file sink): the changelog's fast path calls it per change

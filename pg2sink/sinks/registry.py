@@ -90,8 +90,10 @@ def _duckdb_imports(config: DuckDBConfig) -> ImportTarget:
 
 
 def _file(config: FileConfig) -> Sink:
-    from pg2sink.sinks.file.sink import FileSink
+    from pg2sink.sinks.file.sink import FileSink, TransactionsFileSink
 
+    if config.file_transactions:
+        return TransactionsFileSink(config.file_path)
     return FileSink(config.file_path)
 
 
@@ -103,9 +105,9 @@ def _file_imports(config: FileConfig) -> ImportTarget:
 
 def _kafka(config: KafkaConfig) -> Sink:
     # confluent-kafka and fastavro are the optional [kafka] extra
-    from pg2sink.sinks.kafka.sink import KafkaSink
+    from pg2sink.sinks.kafka.make import kafka_sink
 
-    return KafkaSink(config)
+    return kafka_sink(config)
 
 
 def _kafka_imports(config: KafkaConfig) -> ImportTarget:

@@ -19,3 +19,10 @@ class FileConfig:
         help="JSON-lines file to append to; '-' is standard output",
         metavar="PATH",
     )
+    file_transactions: bool = flag(
+        False,
+        group=GROUP,
+        help='a {"kind":"transaction","status":"BEGIN"...} line before each transaction\'s '
+        "lines and an END line (its commit LSN and event counts) after them",
+        names=("--transactions",),
+    )

@@ -30,11 +30,12 @@ from typing import BinaryIO
 
 import orjson
 
-from pg2sink.changelog.jsonenc import LINE_OPTIONS, default, dumps
+from pg2sink.changelog.jsonenc import LINE_OPTIONS, default, dumps, dumps_line
 from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Modification, Operation, Record
 from pg2sink.errors import SinkError
 from pg2sink.sinks.file.append import LockedAppender, repair_torn_line
+from pg2sink.sinks.txmeta import TransactionTracker
 
 log = logging.getLogger(__name__)
 
@@ -268,3 +269,44 @@ class FileSink:
             self._out.close()
             self._out = None
         self._fsyncer.shutdown(wait=True)
+
+
+class TransactionsFileSink(FileSink):
+    """The file sink with --transactions: each transaction's lines between a BEGIN and an
+    END line (sinks/txmeta.py, with "kind": "transaction" first)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self._transactions = TransactionTracker(self._transaction_line)
+
+    def write(self, record: Record) -> None:
+        if isinstance(record, Modification) and record.__class__ is not Modification:
+            # a Truncation (a Modification goes through write_new_row, counted there)
+            self._transactions.begin(record.xid, record.timestamp)
+            self._transactions.count(record.namespace, record.name)
+        super().write(record)
+
+    def write_new_row(
+        self,
+        timestamp: datetime,
+        sequence: int,
+        lsn: int,
+        xid: int,
+        operation: Operation,
+        namespace: str,
+        name: str,
+        after: dict[str, object] | None,
+        before: dict[str, object] | None = None,
+    ) -> None:
+        self._transactions.begin(xid, timestamp)
+        self._transactions.count(namespace, name)
+        super().write_new_row(
+            timestamp, sequence, lsn, xid, operation, namespace, name, after, before
+        )
+
+    def checkpoint(self, lsn: int) -> None:
+        self._transactions.checkpoint(lsn)
+        super().checkpoint(lsn)
+
+    def _transaction_line(self, record: dict[str, object]) -> None:
+        self._append(dumps_line({"kind": "transaction", **record}))

@@ -109,6 +109,36 @@ class KafkaConfig:
         metavar="TOPIC",
     )
     """Topic of Message records (--messages); None: '<topic_prefix>.messages'."""
+    exactly_once: bool = flag(
+        False,
+        group=GROUP,
+        help="write each flush as one Kafka transaction with its checkpoint in "
+        "--offsets-topic, and skip at start what Kafka already holds: read_committed "
+        "consumers see every change once (docs/kafka-exactly-once.md)",
+    )
+    transactional_id: str | None = flag(
+        None,
+        group=GROUP,
+        help="with --exactly-once, the producer's transactional.id (default "
+        "PREFIX.SLOT); a second pg2sink with the same id fences the first",
+        metavar="ID",
+    )
+    """None: '<topic_prefix>.<slot>' (KafkaSink's use_slot fills it in)."""
+    offsets_topic: str | None = flag(
+        None,
+        group=GROUP,
+        help="with --exactly-once, the compacted topic of checkpoints (created if "
+        "missing); default PREFIX.offsets",
+        metavar="TOPIC",
+    )
+    """None: '<topic_prefix>.offsets'."""
+    transaction_topic: str | None = flag(
+        None,
+        group=GROUP,
+        help="publish a BEGIN and an END record (JSON, Debezium's fields) per transaction "
+        "to this topic",
+        metavar="TOPIC",
+    )
 
     def check(self) -> None:
         """ConfigError for what can be checked without a broker (the CLI calls it)."""
@@ -116,6 +146,8 @@ class KafkaConfig:
             raise ConfigError("--sink=kafka needs --kafka-bootstrap-servers")
         if self.format == "avro" and not self.schema_registry_url:
             raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")
+        if not self.exactly_once and (self.transactional_id or self.offsets_topic):
+            raise ConfigError("--transactional-id and --offsets-topic need --exactly-once")
 
     def secrets(self) -> list[str]:
         """Every secret value of this configuration (for log redaction)."""

@@ -72,7 +72,8 @@ class KafkaImportTarget:
                 RegistryClient(self.cfg.schema_registry_url, self.cfg.registry.reveal())
             )
             fmt = AvroFormat(recording)
-        producer = KafkaSink(self.cfg, fmt)
+        # imports are not transactional (docs/kafka-exactly-once.md)
+        producer = KafkaSink(dataclasses.replace(self.cfg, exactly_once=False), fmt)
         producer.open()
         try:
             producer.write(schema)
@@ -87,8 +88,9 @@ class KafkaImportTarget:
         from pg2sink.sinks.kafka.formats import AvroFormat, JsonFormat
         from pg2sink.sinks.kafka.sink import KafkaSink
 
-        # the driver published the Schema record to --schema-topic once
-        cfg = dataclasses.replace(self.cfg, schema_topic=None)
+        # the driver published the Schema record to --schema-topic once; imports are not
+        # transactional (docs/kafka-exactly-once.md)
+        cfg = dataclasses.replace(self.cfg, schema_topic=None, exactly_once=False)
         fmt: Format = (
             JsonFormat()
             if cfg.format == "json"

@@ -25,9 +25,9 @@ _SETTING_ALIASES = {"request.required.acks": "acks"}
 #: Producer settings pg2sink cannot work with, and why (named without their value).
 _UNSUPPORTED = {
     # a transactional producer refuses produce() outside a transaction ("Erroneous
-    # state"), and pg2sink opens none: every message would fail and be retried forever
-    "transactional.id": "pg2sink does not use Kafka transactions (its idempotent "
-    "producer and confirmed LSNs give at-least-once delivery); remove it",
+    # state"): pg2sink opens transactions only with --exactly-once (transactional.py)
+    "transactional.id": "pg2sink does not use Kafka transactions but with "
+    "--exactly-once, whose id is --transactional-id; remove it",
 }
 _ACKS_ALL = frozenset(("all", "-1"))
 
@@ -44,7 +44,8 @@ class LibrdkafkaLog:
 
 
 def producer_settings(cfg: KafkaConfig) -> dict[str, str]:
-    """The librdkafka settings: the user's, then the ones pg2sink requires."""
+    """The librdkafka settings: the user's, then the ones pg2sink requires (and
+    --exactly-once's transactional.id)."""
     settings = {"client.id": "pg2sink"}
     if cfg.bootstrap_servers:
         settings["bootstrap.servers"] = cfg.bootstrap_servers
@@ -60,6 +61,10 @@ def producer_settings(cfg: KafkaConfig) -> dict[str, str]:
             )
         settings[key] = value
     settings.update(REQUIRED_SETTINGS)
+    if cfg.exactly_once and cfg.transactional_id:
+        # the stream's transactional producer (transactional.py); imports produce with
+        # a config without --exactly-once (imports.py)
+        settings["transactional.id"] = cfg.transactional_id
     return settings
 
 
