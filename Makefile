@@ -46,9 +46,10 @@ test: setup
 demo: setup
 	@bash scripts/demo.sh
 
-# PostgreSQL, Kafka, the schema registry, nats-server with JetStream and kinesalite (the
-# Kinesis API) on loopback, addresses in .services/env (docs/testing.md); `.venv/bin/python
-# scripts/services.py start nats kinesis` starts only those
+# PostgreSQL, Kafka, the schema registry, nats-server with JetStream, kinesalite (the
+# Kinesis API) and a Spark standalone cluster (a master, two workers) on loopback,
+# addresses in .services/env (docs/testing.md); `.venv/bin/python scripts/services.py
+# start nats kinesis` starts only those
 services: setup
 	@$(PY) scripts/services.py start
 
