@@ -72,7 +72,7 @@ class RoutingConfig:
         help="tables matching this psql pattern are outboxes (pglsn): each INSERT becomes "
         "one message to the topic its --outbox-topic-column names, its value the "
         "--outbox-payload-column exactly; updates, deletes and truncates are ignored; "
-        "--sink kafka; repeatable",
+        "--sink kafka or nats (docs/routing.md); repeatable",
         metavar="TABLE",
         repeat=True,
     )

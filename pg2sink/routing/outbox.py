@@ -1,6 +1,7 @@
 """The outbox (pglsn's model): each INSERT into an outbox table becomes one message.
 
-An outbox table holds a destination column (the Kafka topic the message goes to), a
+An outbox table holds a destination column (the Kafka topic the message goes to, the
+NATS subject under the sink's prefix), a
 payload column (the message's value, exactly: a json/jsonb/text value's text as UTF-8,
 a bytea value's bytes) and optionally a key column (the message key: the value's text).
 The application inserts a row in the same transaction as its change of the domain
@@ -19,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pg2sink.errors import ConfigError
 from pg2sink.logical.messages import Relation
@@ -98,32 +100,51 @@ def compile_outbox(
     )
 
 
-_KAFKA_ONLY = "--outbox publishes to Kafka only (for now): add --sink kafka"
+_SINKS = ("kafka", "nats")
+_UNSUPPORTED = "--outbox publishes to Kafka and NATS only (for now): add --sink kafka or nats"
 
 
 def check_sink(sink: str) -> None:
     """ConfigError, at start, for --outbox on a sink that cannot publish it yet."""
-    if sink != "kafka":
-        raise ConfigError(_KAFKA_ONLY)
+    if sink not in _SINKS:
+        raise ConfigError(_UNSUPPORTED)
 
 
 def publisher_for(sink: object) -> Publisher:
-    """How `sink` publishes an outbox message: the Kafka sink's producer, to the topic the
-    row names (created by the broker, or checked, as the sink's own topics are).
-    ConfigError for a sink that cannot publish yet (docs/routing.md, what remains)."""
-    try:
-        from pg2sink.sinks.kafka.sink import KafkaSink
-    except ImportError:  # the kafka extra is not installed: the sink is no KafkaSink
-        raise ConfigError(_KAFKA_ONLY) from None
-    if not isinstance(sink, KafkaSink):
-        raise ConfigError(_KAFKA_ONLY)
-    # The sink's own producer and topic check, so that its acknowledgement (the producer
-    # drained) covers the outbox messages too. Its private members: a public
-    # KafkaSink.publish is the step that remains (docs/routing.md).
+    """How `sink` publishes an outbox message, through its own producer so that its
+    acknowledgement covers the outbox messages too (ConfigError for another sink):
+
+    - Kafka: to the topic the row names (created by the broker, or checked, as the sink's
+      own topics are), with the key and an `lsn` header;
+    - NATS: to the subject `<--nats-subject-prefix>.<the row's topic>` (inside the
+      sink's JetStream stream), Nats-Msg-Id `<lsn>:<subject>`; NATS messages have no key.
+
+    The sinks' private members: a public `publish` of each sink is the step that remains
+    (docs/routing.md)."""
+    # by module name: importing the sinks' classes would import their client libraries
+    kind = type(sink).__module__
+    if kind == "pg2sink.sinks.kafka.sink":
+        return _kafka(sink)
+    if kind == "pg2sink.sinks.nats.sink":
+        return _nats(sink)
+    raise ConfigError(_UNSUPPORTED)
+
+
+def _kafka(sink: Any) -> Publisher:
     check, produce = sink._topics.check, sink._produce
 
     def publish(topic: str, key: bytes | None, value: bytes, lsn: int) -> None:
         check(sink._producer, topic)
         produce(topic, key, value, [("lsn", b"%d" % lsn)])
+
+    return publish
+
+
+def _nats(sink: Any) -> Publisher:
+    prefix, put = sink.cfg.nats_subject_prefix, sink._put
+
+    def publish(topic: str, key: bytes | None, value: bytes, lsn: int) -> None:
+        subject = f"{prefix}.{topic}"
+        put(subject, value, f"{lsn}:{subject}")
 
     return publish

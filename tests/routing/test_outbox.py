@@ -1,7 +1,8 @@
 """--outbox end to end through Kafka: pg2sink run as a process on a real PostgreSQL and a
 real broker, the messages read back raw.
 
-Each INSERT into an outbox table is one message on the topic its row names, its value the
+Each INSERT into an outbox table is one message on the topic its row names (on NATS:
+the subject under the prefix), its value the
 payload column's bytes exactly and its key the key column's text; the application's
 DELETE of the row in the same transaction, and later UPDATEs and DELETEs, send nothing;
 the outbox table itself gets no topic of its own.
@@ -9,13 +10,17 @@ the outbox table itself gets no topic of its own.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
 import confluent_kafka as ck
 
-from tests.conftest import Database, KafkaStack, run_cli
+from tests.conftest import Database, KafkaStack, Pg2Sink, run_cli
+from tests.imports.support import wait_confirmed
 from tests.sinks.test_kafka import Reader, reader, start
+from tests.sinks.test_nats import _delete_stream, stored
+from tests.support import FAST
 
 __all__ = ["reader"]  # the fixture, imported for these tests
 
@@ -82,12 +87,12 @@ def test_outbox_inserts_are_messages_on_the_topic_they_name(
     )
 
 
-def test_outbox_needs_kafka(db: Database, tmp_path: Path) -> None:
+def test_outbox_needs_kafka_or_nats(db: Database, tmp_path: Path) -> None:
     done = run_cli(
         "stream", "--source", db.dsn, "--file-path", str(tmp_path / "o"), "--outbox", "events"
     )
     assert done.returncode == 2
-    assert "--outbox publishes to Kafka only (for now): add --sink kafka" in done.stderr
+    assert "--outbox publishes to Kafka and NATS only (for now)" in done.stderr
     assert db.slot_confirmed_lsn() is None  # refused before anything was made
 
 
@@ -106,3 +111,33 @@ def test_an_outbox_without_its_columns_stops_the_stream(
         "--outbox public.events: no column 'topic' (--outbox-topic-column); its columns: "
         "id, subject, body"
     ) in p.stderr()
+
+
+def test_outbox_inserts_are_messages_on_nats_subjects(
+    db: Database, nats_url: str, topic_prefix: str, pg2sink_proc: Callable[..., Pg2Sink]
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE events (id bigserial PRIMARY KEY, topic text, payload text)")
+    conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+    p = pg2sink_proc(
+        "--sink", "nats", "--nats-url", nats_url, "--nats-subject-prefix", topic_prefix,
+        *FAST, "--outbox", "events",
+    ).start()  # fmt: skip
+    p.wait_streaming()
+    try:
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (1)")
+            conn.execute("INSERT INTO events (topic, payload) VALUES ('orders.placed', 'one')")
+            conn.execute("DELETE FROM events")
+        conn.execute("INSERT INTO events (topic, payload) VALUES ('orders.placed', 'two')")
+        conn.execute("UPDATE events SET payload = 'three'")
+        wait_confirmed(db, p)
+        assert p.stop() == 0
+        got = [(m.subject, m.data) for m in stored(nats_url, topic_prefix)]
+    finally:
+        asyncio.run(_delete_stream(nats_url, topic_prefix))
+    placed = f"{topic_prefix}.orders.placed"
+    # the orders change as ever (its Schema record, then the change), the outbox's inserts
+    assert [(s, d) for s, d in got if s == placed] == [(placed, b"one"), (placed, b"two")]
+    assert f"{topic_prefix}.public.orders" in {s for s, _ in got}
+    assert not any(".events" in s for s, _ in got)  # no Schema record, no change of it
