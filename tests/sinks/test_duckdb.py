@@ -9,6 +9,7 @@ twice in the raw table: exactly once).
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import threading
@@ -434,3 +435,96 @@ def test_an_import_under_writes_and_a_kill_9_converges(
         "GROUP BY ALL HAVING count(*) > 1",
     )
     assert repeated == []
+
+
+class ZooWriter(threading.Thread):
+    """Random transactions on table z until stopped: inserts, updates that leave the
+    TOASTed column alone, key changes, deletes."""
+
+    def __init__(self, db: Database, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.conn = db.connect()
+        self.rng = random.Random(seed)
+        self.stopped = threading.Event()
+        self.transactions = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.is_set():
+                with self.conn.transaction():
+                    for _ in range(self.rng.randint(1, 4)):
+                        self._statement()
+                self.transactions += 1
+                time.sleep(0.005)
+        except BaseException as e:  # reported by the test
+            self.error = e
+
+    def _statement(self) -> None:
+        rng, c = self.rng, self.conn
+        key = rng.randint(1, 20_000)
+        choice = rng.random()
+        if choice < 0.3:
+            c.execute(
+                "INSERT INTO z (id, n, tags) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                (rng.randint(20_001, 40_000), Decimal(rng.randint(0, 10**6)) / 100, ["new"]),
+            )
+        elif choice < 0.7:
+            c.execute(
+                "UPDATE z SET n = n + 1, tags = array_append(tags, %s::text) WHERE id = %s",
+                (str(rng.randint(0, 9)), key),
+            )
+        elif choice < 0.8:
+            new = rng.randint(40_001, 60_000)
+            c.execute(
+                "UPDATE z SET id = %s WHERE id = %s AND NOT EXISTS (SELECT 1 FROM z WHERE id = %s)",
+                (new, key, new),
+            )
+        else:
+            c.execute("DELETE FROM z WHERE id = %s", (key,))
+
+
+@pytest.mark.slow
+def test_a_random_workload_with_an_import_and_ddl_converges(
+    db: Database, conn: psycopg.Connection[Any], pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    conn.execute(
+        "CREATE TABLE z (id int PRIMARY KEY, n numeric(10,2), d date, t timestamptz, "
+        "tags text[], j jsonb, b bytea, u uuid, big text)"
+    )
+    conn.execute("ALTER TABLE z ALTER COLUMN big SET STORAGE EXTERNAL")
+    conn.execute(
+        "INSERT INTO z SELECT g, g / 100.0, date '2024-01-01' + g, "
+        "timestamptz '2024-01-01 00:00+00' + g * interval '1 minute', ARRAY['a' || g, NULL], "
+        "jsonb_build_object('g', g, 'l', jsonb_build_array(g, 'x')), int4send(g), "
+        "md5(g::text)::uuid, CASE WHEN g % 1000 = 0 THEN repeat(md5(g::text), 500) END "
+        "FROM generate_series(1, 20000) g"
+    )
+    conn.execute("CREATE TABLE y (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO y SELECT g, 'y' || g FROM generate_series(1, 100) g")
+    writer = ZooWriter(db, seed=3)
+    writer.start()
+    try:
+        path = tmp_path / "zoo.duckdb"
+        p = start(pg2sink_proc, path, env={"PG2SINK_NO_IMPORTS": "0"})
+        conn.execute("ALTER TABLE z ADD COLUMN extra int")
+        conn.execute("UPDATE z SET extra = id WHERE id % 700 = 0")  # big: TOAST unchanged
+        wait_imported(db, {"public.z", "public.y"}, p)
+        conn.execute("TRUNCATE y")
+        conn.execute("INSERT INTO y VALUES (1, 'after'), (2, 'truncate')")
+        conn.execute("ALTER TABLE z DROP COLUMN d")
+        conn.execute("UPDATE z SET extra = -id WHERE id % 1000 = 0")
+        time.sleep(1.0)
+    finally:
+        writer.stopped.set()
+        writer.join(30)
+    assert writer.error is None and writer.transactions > 20
+    caught_up(db)
+    assert p.stop() == 0
+    assert duck_rows(path, "public_y", "id") == pg_rows(conn, "y", "id")
+    got = duck_rows(path, "public_z", "id")
+    expected = pg_rows(conn, "z", "id")
+    j = 4  # jsonb: a dict from psycopg, JSON text from DuckDB
+    parsed = [(*r[:j], None if r[j] is None else json.loads(r[j]), *r[j + 1 :]) for r in got]
+    assert parsed == expected
+    assert len(expected) > 19_000
