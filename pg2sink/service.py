@@ -40,6 +40,7 @@ from pg2sink.observability.position import server_position
 from pg2sink.observability.stats import LogCounter, StreamStats
 from pg2sink.publication.manager import PublicationManager, Reconciliation, Table
 from pg2sink.publication.patterns import TableFilter
+from pg2sink.routing.check import check_tables
 from pg2sink.routing.outbox import check_sink, publisher_for
 from pg2sink.routing.stage import RoutingStage
 from pg2sink.sinks import registry
@@ -95,6 +96,9 @@ class StreamService:
         if cfg.routing.outbox and not cfg.decode_only:
             check_sink(cfg.sink)
         self.cfg = cfg
+        #: --only, --exclude-column, --mask-column, --outbox (pg2sink/routing/)
+        self.rules = cfg.routing.rules()
+        self._routes_checked = False
         self.stop = StopRequested()
         self.table_filter = TableFilter.from_patterns(cfg.source.tables, cfg.source.exclude_tables)
         self.started = False
@@ -298,7 +302,7 @@ class StreamService:
             return DecodeOnlyHandler(out)
         assert sink is not None
         src = self.cfg.source
-        rules = self.cfg.routing.rules()
+        rules = self.rules
         changelog = ChangelogHandler(
             Catalog(conn),
             sink,
@@ -341,14 +345,19 @@ class StreamService:
         jobs.expire_jobs(
             conn, src.internal_schema, src.publication, [(t.schema, t.name) for t in left]
         )
-        rules = self.cfg.routing.rules()  # an outbox's rows are never imported (outbox.py)
+        # an outbox's rows are never imported (routing/outbox.py)
         imported = [
-            (t.schema, t.name) for t in joined if rules.outbox_for(t.schema, t.name) is None
+            (t.schema, t.name) for t in joined if self.rules.outbox_for(t.schema, t.name) is None
         ]
         jobs.create_jobs(conn, src.internal_schema, src.publication, imported)
 
     def _reconcile(self, manager: PublicationManager) -> Reconciliation:
         rec = manager.reconcile()
+        # what routing would refuse at a table's first change, refused now (every
+        # member at the first reconcile, then the tables that join)
+        routed = rec.joined if self._routes_checked else rec.members
+        check_tables(manager.conn, Catalog(manager.conn), self.rules, [t.oid for t in routed])
+        self._routes_checked = True
         if self.gate is not None and rec.joined:
             for t in rec.joined:
                 if not t.has_primary_key and t.replica_identity != "i":

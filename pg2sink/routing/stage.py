@@ -45,7 +45,7 @@ from pg2sink.routing.masking import Mask
 from pg2sink.routing.outbox import OutboxColumns, Publisher
 from pg2sink.routing.rules import Rules
 
-__all__ = ["RoutingStage", "relation_key"]
+__all__ = ["RoutingStage", "check_relation", "relation_key"]
 
 #: (payload, lsn) -> end LSN of a Commit else 0: ChangelogBuilder.feed's signature
 Feed = Callable[[bytes | memoryview, int], int]
@@ -90,6 +90,18 @@ def relation_key(catalog: CatalogLookup, rel: Relation) -> tuple[str, ...]:
     if rel.replica_identity != "f":
         return tuple(c.name for c in rel.columns if c.is_key)
     return ()
+
+
+def check_relation(rules: Rules, catalog: CatalogLookup, rel: Relation) -> None:
+    """ConfigError for what the rules cannot do to `rel`: exclude or mask (but by hash) a
+    key column, take an outbox's messages from columns it lacks."""
+    outbox = rules.outbox_for(rel.namespace, rel.name)
+    if outbox is not None:
+        OutboxColumns.of(outbox, rel)
+        return
+    route = rules.route(rel.namespace, rel.name, [c.name for c in rel.columns])
+    if route.changes_columns:
+        route.check_key(f"{rel.namespace}.{rel.name}", relation_key(catalog, rel))
 
 
 class RoutingStage:
@@ -161,6 +173,7 @@ class RoutingStage:
         assert isinstance(rel, Relation)
         self._tables.pop(rel.relation_id, None)
         self._outboxes.pop(rel.relation_id, None)
+        check_relation(self.rules, self.catalog, rel)
         outbox = self.rules.outbox_for(rel.namespace, rel.name)
         if outbox is not None:
             self._outboxes[rel.relation_id] = OutboxColumns.of(outbox, rel)
@@ -169,7 +182,6 @@ class RoutingStage:
         route = self.rules.route(rel.namespace, rel.name, [c.name for c in rel.columns])
         if route.passes_everything:
             return data
-        route.check_key(f"{rel.namespace}.{rel.name}", relation_key(self.catalog, rel))
         masks = dict(route.masks)
         fates: tuple[Fate, ...] | None = None
         if route.changes_columns:
