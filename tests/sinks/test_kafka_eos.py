@@ -474,10 +474,11 @@ def test_broker_restarted_mid_stream_and_a_kill_9_deliver_each_change_once(
     writer = run_writer(db, seed=16)
     time.sleep(3)
     restartable_kafka.stop()  # mid-stream: a transaction is open, maybe committing
-    time.sleep(5)
+    time.sleep(transactional.COMMIT_WAIT + 2)  # a commit waiting for it fails
     restartable_kafka.start()
     time.sleep(3)
     p.kill()
+    outage = [line[:240] for line in p.stderr().splitlines() if " INFO " not in line]
     p.start().wait_streaming()
     time.sleep(2)
     writer.stop()
@@ -485,4 +486,5 @@ def test_broker_restarted_mid_stream_and_a_kill_9_deliver_each_change_once(
     assert p.stop() == 0
     messages = read_committed(bootstrap, topics)
     print(f"{writer.transactions} transactions, {writer.changes} changes around the restart")
+    print("\n".join(outage))  # what the outage looked like
     check_exactly_once(writer, messages)

@@ -63,7 +63,7 @@ __all__ = ["COMMIT_WAIT", "ExactlyOnceKafkaSink"]
 log = logging.getLogger(__name__)
 
 #: Longest wait of init_transactions, a commit or an abort, in seconds.
-COMMIT_WAIT = 30.0
+COMMIT_WAIT = 10.0
 
 #: Bytes of messages held back while resent changes come (one transaction's): past it,
 #: they go into the Kafka transaction, which an abort drops if Kafka had them.
