@@ -2,7 +2,8 @@
 PostgreSQL, the file sink's lines, the stream and an import (Spark) of the same table.
 
 The excluded column and the clear values of masked ones appear in no record, no log line
-(at debug level) and no error; the mask key neither, nor in `--help`.
+(at debug level) and no error; the mask key neither, nor in `--help`. Through Kafka too,
+whose sink encodes new rows straight from pgoutput's (rewritten) bytes.
 """
 
 from __future__ import annotations
@@ -10,15 +11,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pg2sink.routing.masking import Mask
-from tests.conftest import Database, read_jsonl, run_cli, wait_for
+from tests.conftest import Database, KafkaStack, Pg2Sink, read_jsonl, run_cli, wait_for
 from tests.imports.support import start_with_imports, wait_confirmed, wait_imported
+from tests.sinks.test_kafka import Reader, reader, registry_get
+from tests.sinks.test_kafka import start as kafka_start
 from tests.support import Proc, modifications, start
+
+__all__ = ["reader"]  # the fixture, imported for these tests
 
 KEY = "k3y-s3cret-for-masks"
 MASKS = (
@@ -167,3 +173,28 @@ def test_an_import_reads_masked_values_only(
     fields = _schema_fields(records)  # the import's Schema record is the stream's
     assert fields["email"]["pg.mask"] == "hash" and "password" not in fields
     _assert_nothing_clear(out.read_bytes(), p.stderr().encode())
+
+
+def test_masks_through_kafka_avro(
+    db: Database,
+    kafka_stack: KafkaStack,
+    topic_prefix: str,
+    pg2sink_proc: Callable[..., Pg2Sink],
+    reader: Callable[..., Reader],
+) -> None:
+    """The Kafka sink encodes new rows straight from pgoutput's bytes (its native
+    encoder): the rewritten bytes, so the masked text and no excluded column."""
+    conn = _users(db)
+    p = kafka_start(pg2sink_proc, kafka_stack, topic_prefix, *MASKS)
+    conn.execute("INSERT INTO users VALUES (1, 'ann@example.com', 'pw-ann', 42, true, 'n')")
+    conn.execute("UPDATE users SET age = 51 WHERE id = 1")
+    topic = f"{topic_prefix}.public.users"
+    got = reader(topic).read(2)
+    assert p.stop() == 0
+    ann = {"id": 1, "email": hashed("ann@example.com"), "age": "4", "active": "REDACTED"}
+    assert got[0].value["after"] == {**ann, "note": "n"}
+    assert got[1].value["after"] == {**ann, "age": "5", "note": "n"}
+    assert got[1].value["before"] == {**ann, "note": "n"}
+    _assert_nothing_clear(*(m.raw_value or b"" for m in got), p.stderr().encode())
+    fields = registry_get(kafka_stack, f"subjects/{topic}-value/versions/latest")["schema"]
+    assert '"pg.mask":"hash"' in fields.replace(" ", "") and "password" not in fields
