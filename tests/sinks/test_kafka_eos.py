@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import re
+import shlex
 import shutil
 import tempfile
 import threading
@@ -36,9 +37,10 @@ from pg2sink.sinks.kafka import transactional
 from pg2sink.sinks.kafka.config import KafkaConfig
 from pg2sink.sinks.kafka.make import kafka_sink
 from pg2sink.sinks.kafka.transactional import ExactlyOnceKafkaSink
-from tests.conftest import Database, KafkaStack, Pg2Sink, pg2sink_for, wait_for
+from tests.conftest import REPO, Database, KafkaStack, Pg2Sink, pg2sink_for, wait_for
+from tests.routing.test_docs import _BLOCK
 from tests.sinks.test_kafka import _headers, create_topic, insert, kafka_args, schema_record
-from tests.support import Proc
+from tests.support import FAST, Proc
 
 #: kill -9 trials of the streaming process (issue 15 asks 20) and the test time they may
 #: take; the test prints how many it made
@@ -488,3 +490,66 @@ def test_broker_restarted_mid_stream_and_a_kill_9_deliver_each_change_once(
     print(f"{writer.transactions} transactions, {writer.changes} changes around the restart")
     print("\n".join(outage))  # what the outage looked like
     check_exactly_once(writer, messages)
+
+
+# --- docs/kafka-exactly-once.md's worked example ------------------------------------------
+
+DOC = REPO / "docs" / "kafka-exactly-once.md"
+
+
+def example_args(text: str, stack: KafkaStack, prefix: str) -> list[str]:
+    """The example's command line with the test's broker and topic prefix."""
+    words = shlex.split(text.replace("\\\n", " "))
+    assert words[0] == "pg2sink"
+    values = {
+        "--kafka-bootstrap-servers": stack.bootstrap_servers,
+        "--topic-prefix": prefix,
+        "--transaction-topic": f"{prefix}.transactions",
+    }
+    args = words[1:]
+    for i, word in enumerate(args[:-1]):
+        if word in values:
+            args[i + 1] = values[word]
+    return [*args, *FAST]
+
+
+def shown(records: list[dict[str, Any]], expected: list[dict[str, Any]]) -> list[Any]:
+    """The members of each record the doc shows."""
+    return [{k: r[k] for k in e} for r, e in zip(records, expected, strict=True)]
+
+
+@pytest.mark.slow
+def test_the_worked_example_gives_what_the_doc_shows(
+    db: Database, pg2sink_proc: Proc, kafka_stack: KafkaStack, topic_prefix: str
+) -> None:
+    blocks = {m.group(2): m.group(3) for m in _BLOCK.finditer(DOC.read_text())}
+    expected = [json.loads(line) for line in blocks["example-output"].splitlines() if line]
+    transactions = [json.loads(line) for line in blocks["example-transactions"].splitlines()]
+    conn = db.connect()
+    conn.execute(blocks["example-setup"])
+    p = pg2sink_proc(*example_args(blocks["example-run"], kafka_stack, topic_prefix))
+    p.start().wait_streaming()
+    topics = [f"{topic_prefix}.public.orders", f"{topic_prefix}.public.order_lines"]
+
+    tx = [f"{topic_prefix}.transactions"]
+
+    def changes(n: int) -> bool:
+        """`n` changes and their transactions' records (n // 2 transactions) are in."""
+        if len(read_committed(kafka_stack.bootstrap_servers, topics)) < n:
+            return False
+        return len(read_committed(kafka_stack.bootstrap_servers, tx)) >= n
+
+    conn.execute(blocks["example-workload"])
+    wait_for(lambda: changes(4), what="the first workload's messages")
+    p.kill()
+    second = re.sub(r"\(1,", "(2,", blocks["example-workload"]).replace("id = 1", "id = 2")
+    conn.execute(second)
+    p.start().wait_streaming()
+    wait_for(lambda: changes(8), what="the second workload's messages")
+    caught_up(db, p)
+    assert p.stop() == 0
+    got = read_committed(kafka_stack.bootstrap_servers, topics)
+    values = sorted((m.value for m in got), key=lambda v: (v["lsn"], v["sequence"]))
+    assert shown(values, expected) == expected
+    records = [m.value for m in read_committed(kafka_stack.bootstrap_servers, tx)]
+    assert shown(records, transactions) == transactions
