@@ -45,7 +45,7 @@ from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.options import format_duration
 from pg2sink.sinks.nats.client import Outgoing, Publisher
 from pg2sink.sinks.nats.config import NatsConfig
-from pg2sink.sinks.nats.payload import JsonPayload, Payload
+from pg2sink.sinks.nats.payload import Payload, payload_for
 from pg2sink.sinks.nats.subjects import MESSAGES, table_subject
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class NatsSink:
         """`schemas`: publish Schema records (False: only learn the table from them, as
         imports' executors do)."""
         self.cfg = cfg
-        self._payload = payload or JsonPayload()
+        self._payload = payload or payload_for(cfg)
         self.json_values = self._payload.json_values
         self._schemas = schemas
         self._publisher: Publisher | None = None
@@ -163,6 +163,7 @@ class NatsSink:
         else:
             assert isinstance(record, Schema)
             table = _Table(self.cfg.nats_subject_prefix, record)
+            self._payload.learn(record)
             self._tables[(record.namespace, record.name)] = table
             if self._schemas:
                 msg_id = f"{record.lsn}:{table.schema_subject}"
@@ -203,7 +204,7 @@ class NatsSink:
         away for longer than --nats-ack-timeout ends the wait with SinkUnavailableError)."""
         log.debug("%d NATS messages wait for acknowledgement; waiting", self._written)
         while self._no_room():
-            self._check(for_room=True)
+            self._check(blocking=True)
             time.sleep(_POLL)
 
     # -- acknowledgement -------------------------------------------------------------
@@ -247,10 +248,11 @@ class NatsSink:
         return left
 
     def publish_all(self, what: str) -> None:
-        """Wait until JetStream acknowledged everything written (imports); SinkError
-        naming `what` after --nats-ack-timeout without progress."""
+        """Wait until JetStream acknowledged everything written (imports, which must not
+        wait for ever: SinkUnavailableError once the server has been away for longer
+        than --nats-ack-timeout, and the partition is tried again)."""
         self._submit()
-        while self._written > self._check():
+        while self._written > self._check(blocking=True):
             time.sleep(_POLL)
         log.debug("JetStream acknowledged %s", what)
 
@@ -266,10 +268,11 @@ class NatsSink:
     def _acked_count(self) -> int:
         return self._acked()[0]
 
-    def _check(self, *, for_room: bool = False) -> int:
+    def _check(self, *, blocking: bool = False) -> int:
         """The acknowledged count. Raises the failure of this generation; replaces the
         connection when messages waited longer than --nats-ack-timeout without any
-        acknowledgement on it; and, `for_room`, raises SinkUnavailableError when the
+        acknowledgement on it; and, `blocking` (a wait the stream cannot leave: room to
+        write, an import's acknowledgements), raises SinkUnavailableError when the
         server was away that long (the stream cannot go on: the sink starts over for
         PostgreSQL's replay)."""
         publisher = self._publisher
@@ -287,14 +290,14 @@ class NatsSink:
         if away_since is None:
             if now - max(publisher.progress_at, self._waiting_since) > timeout:
                 publisher.drop_connection()
-        elif for_room and now - away_since > timeout:
+        elif blocking and now - away_since > timeout:
             log.debug("%d NATS messages wait for a server away", self._written - acked)
             self._restart()
             # the same text every time: the service logs a repeated reason once
             raise SinkUnavailableError(
                 f"NATS at {publisher.url} has been unreachable for more than "
-                f"--nats-ack-timeout ({format_duration(timeout)}) with "
-                "too much waiting; resending from the last confirmed position"
+                f"--nats-ack-timeout ({format_duration(timeout)}) while pg2sink waited on "
+                "it; starting over from the last confirmed position"
             )
         return acked
 
