@@ -1,0 +1,209 @@
+"""Debezium's change event (--format debezium), as its PostgreSQL connector writes it
+through Kafka Connect's JsonConverter: without schemas (schemas.enable=false, the
+default), or with them (--debezium-schemas: {"schema": ..., "payload": ...}).
+
+The value is the envelope, keys in Debezium's order:
+
+    {"before":null,"after":{"id":1,"name":"Ann"},
+     "source":{"version":"pg2sink-0.1.0","connector":"postgresql","name":"pg2sink",
+               "ts_ms":1714557600123,"snapshot":"false","db":"app","sequence":null,
+               "schema":"public","table":"users","txId":745,"lsn":24023128,"xmin":null},
+     "op":"c","ts_ms":1714557600123,"transaction":null}
+
+- op: c (INSERT), u (UPDATE), d (DELETE), t (TRUNCATE), r (an imported row, as
+  Debezium's snapshot reads; source.snapshot "true" for them, "false" else).
+- before: the old image PostgreSQL sent (the key with the default REPLICA IDENTITY, the
+  whole row with FULL), after: the new row; values by debezium_types.
+- source.name: Debezium's topic.prefix, which pg2sink's topic prefix plays (topics are
+  PREFIX.<schema>.<table> in both); source.db: the source database; ts_ms (source and
+  envelope): the commit time in milliseconds (Debezium's envelope ts_ms is its own
+  clock when it processed the change; pg2sink keeps the bytes a function of the change).
+- The key is the key columns' struct ({"id":1}), null for a table without a key and for
+  TRUNCATE.
+
+Where pg2sink differs is listed in docs/formats.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pg2sink import __version__
+from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.records import Modification, Operation, Schema
+from pg2sink.formats.base import Origin, TableEncoder, columns_of, key_columns
+from pg2sink.formats.debezium_types import FieldType, convert_value, field_type
+
+__all__ = ["OPS", "VERSION", "DebeziumEncoder"]
+
+#: source.version: pg2sink's, so that a reader can tell who wrote the event
+VERSION = f"pg2sink-{__version__}"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
+OPS = {
+    Operation.INSERT: "c",
+    Operation.UPDATE: "u",
+    Operation.DELETE: "d",
+    Operation.TRUNCATE: "t",
+    Operation.IMPORT: "r",
+}
+
+
+def _field(name: str, schema: Mapping[str, Any], optional: bool = True) -> dict[str, Any]:
+    """A struct field's schema in JsonConverter's key order: type first, field last."""
+    out = {"type": schema["type"], "optional": optional}
+    out.update((k, v) for k, v in schema.items() if k != "type")
+    out["field"] = name
+    return out
+
+
+def _string(name: str, optional: bool = False) -> dict[str, Any]:
+    return {"type": "string", "optional": optional, "field": name}
+
+
+def _int64(name: str, optional: bool = True) -> dict[str, Any]:
+    return {"type": "int64", "optional": optional, "field": name}
+
+
+#: the schema of source (io.debezium.connector.postgresql.Source)
+SOURCE_SCHEMA: dict[str, Any] = {
+    "type": "struct",
+    "fields": [
+        _string("version"),
+        _string("connector"),
+        _string("name"),
+        _int64("ts_ms", optional=False),
+        {
+            "type": "string",
+            "optional": True,
+            "name": "io.debezium.data.Enum",
+            "version": 1,
+            "parameters": {"allowed": "true,last,false,incremental"},
+            "default": "false",
+            "field": "snapshot",
+        },
+        _string("db"),
+        _string("sequence", optional=True),
+        _string("schema"),
+        _string("table"),
+        _int64("txId"),
+        _int64("lsn"),
+        _int64("xmin"),
+    ],
+    "optional": False,
+    "name": "io.debezium.connector.postgresql.Source",
+    "field": "source",
+}
+#: the schema of transaction (Debezium's event.block; pg2sink writes null)
+TRANSACTION_SCHEMA: dict[str, Any] = {
+    "type": "struct",
+    "fields": [
+        _string("id"),
+        _int64("total_order", optional=False),
+        _int64("data_collection_order", optional=False),
+    ],
+    "optional": True,
+    "name": "event.block",
+    "version": 1,
+    "field": "transaction",
+}
+
+
+class _DebeziumTable:
+    __slots__ = ("_fields", "_key_schema", "_keys", "_name", "_origin", "_value_schema")
+
+    def __init__(self, schema: Schema, origin: Origin, schemas: bool) -> None:
+        self._origin = origin
+        self._keys = key_columns(schema)
+        self._fields: dict[str, FieldType] = {c.name: field_type(c) for c in columns_of(schema)}
+        self._name = f"{origin.name}.{schema.namespace}.{schema.name}"
+        self._value_schema = self._envelope_schema() if schemas else None
+        self._key_schema = self._key_struct() if schemas and self._keys else None
+
+    def _row_schema(self, field: str) -> dict[str, Any]:
+        fields = [_field(n, ft.schema) for n, ft in self._fields.items()]
+        return {
+            "type": "struct",
+            "fields": fields,
+            "optional": True,
+            "name": f"{self._name}.Value",
+            "field": field,
+        }
+
+    def _envelope_schema(self) -> dict[str, Any]:
+        return {
+            "type": "struct",
+            "fields": [
+                self._row_schema("before"),
+                self._row_schema("after"),
+                SOURCE_SCHEMA,
+                _string("op"),
+                _int64("ts_ms"),
+                TRANSACTION_SCHEMA,
+            ],
+            "optional": False,
+            "name": f"{self._name}.Envelope",
+            "version": 1,
+        }
+
+    def _key_struct(self) -> dict[str, Any]:
+        fields = [_field(k, self._fields[k].schema, optional=False) for k in self._keys]
+        return {"type": "struct", "fields": fields, "optional": False, "name": f"{self._name}.Key"}
+
+    def _row(self, row: Mapping[str, object] | None) -> dict[str, object] | None:
+        if row is None:
+            return None
+        fields = self._fields
+        return {
+            name: convert_value(fields[name], v) if name in fields else v for name, v in row.items()
+        }
+
+    def key(self, row: Mapping[str, object]) -> bytes | None:
+        if not self._keys:
+            return None
+        fields = self._fields
+        payload = {k: convert_value(fields[k], row.get(k)) for k in self._keys}
+        if self._key_schema is None:
+            return dumps(payload)
+        return dumps({"schema": self._key_schema, "payload": payload})
+
+    def value(self, m: Modification) -> bytes:
+        ts_ms = (m.timestamp - _EPOCH) // _MILLISECOND
+        origin = self._origin
+        payload = {
+            "before": self._row(m.before),
+            "after": self._row(m.after),
+            "source": {
+                "version": VERSION,
+                "connector": "postgresql",
+                "name": origin.name,
+                "ts_ms": ts_ms,
+                "snapshot": "true" if m.operation is Operation.IMPORT else "false",
+                "db": origin.database,
+                "sequence": None,
+                "schema": m.namespace,
+                "table": m.name,
+                "txId": m.xid or None,
+                "lsn": m.lsn,
+                "xmin": None,
+            },
+            "op": OPS[m.operation],
+            "ts_ms": ts_ms,
+            "transaction": None,
+        }
+        if self._value_schema is None:
+            return dumps(payload)
+        return dumps({"schema": self._value_schema, "payload": payload})
+
+
+class DebeziumEncoder:
+    """--format debezium (with --debezium-schemas, JsonConverter's schemas too)."""
+
+    def __init__(self, origin: Origin, schemas: bool = False) -> None:
+        self._origin = origin
+        self._schemas = schemas
+
+    def table(self, schema: Schema) -> TableEncoder:
+        return _DebeziumTable(schema, self._origin, self._schemas)

@@ -1,0 +1,87 @@
+"""wal-listener's event (--format wal-listener), as its NATS publisher wrote it.
+
+Derived from wal-listener's code at the pgoutput version the seed describes
+(github.com/ihippik/wal-listener, commit af9ed41, listener/nats_publisher.go and
+listener/wal_transaction.go): the Event struct with its easyjson tags, in this order:
+
+    {"id":"<uuid>","schema":"public","table":"users","action":"INSERT",
+     "data":{"id":1,"name":"Ann"},"commitTime":"2024-05-01T10:00:00.123456Z"}
+
+- action: INSERT, UPDATE, DELETE (ActionKind); data: the new row, the old one (key, or
+  the whole row with REPLICA IDENTITY FULL) for DELETE.
+- data values (Column.AssertValue): bool a JSON boolean, int4 a JSON number, every
+  other type a string, the value's text (base.pg_text: PostgreSQL's own for numbers,
+  text, dates, timestamps, bytea; pg2sink's JSON for arrays, ISO 8601 for intervals).
+- commitTime: the transaction's commit time as Go writes a time.Time (gotime.go_time).
+
+Where pg2sink differs, on purpose (docs/formats.md): id is a name-based UUID of the
+change (the same after a replay) instead of a random one; a NULL is null (wal-listener
+wrote the type's zero value: "", 0, false); an unchanged TOASTed value is left out of
+data (wal-listener wrote ""); TRUNCATE is sent, with empty data (wal-listener stopped
+on it); imported rows are INSERTs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pg2sink.changelog.codecs import Kind
+from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.records import Modification, Operation, Schema
+from pg2sink.formats.base import TableEncoder, columns_of, key_columns, key_of, pg_text
+from pg2sink.formats.gotime import go_time, message_uuid
+from pg2sink.logical.messages import UnchangedToast
+
+__all__ = ["WalListenerEncoder", "action"]
+
+
+def action(m: Modification) -> str:
+    """wal-listener's ActionKind of a change (an imported row is an INSERT)."""
+    return "INSERT" if m.operation is Operation.IMPORT else str(m.operation)
+
+
+def data_row(m: Modification) -> Mapping[str, object] | None:
+    """The row a change's data is: the new one, the old one of a DELETE."""
+    return m.before if m.operation is Operation.DELETE else m.after
+
+
+class _WalListenerTable:
+    __slots__ = ("_keys", "_texts")
+
+    def __init__(self, schema: Schema) -> None:
+        self._keys = key_columns(schema)
+        #: column -> its kind, for the columns whose values are PostgreSQL's text (all
+        #: but bool and int4, which AssertValue parsed)
+        self._texts = {
+            c.name: c.kind
+            for c in columns_of(schema)
+            if c.kind is not Kind.BOOLEAN and c.pg_type != "int4"
+        }
+
+    def key(self, row: Mapping[str, object]) -> bytes | None:
+        return key_of(self._keys, row)
+
+    def value(self, m: Modification) -> bytes:
+        data: dict[str, object] = {}
+        texts = self._texts
+        for name, value in (data_row(m) or {}).items():
+            if isinstance(value, UnchangedToast):
+                continue  # not sent by PostgreSQL: no value to write
+            data[name] = pg_text(value, texts[name]) if name in texts else value
+        return dumps(
+            {
+                "id": message_uuid(m),
+                "schema": m.namespace,
+                "table": m.name,
+                "action": action(m),
+                "data": data,
+                "commitTime": go_time(m.timestamp),
+            }
+        )
+
+
+class WalListenerEncoder:
+    """--format wal-listener."""
+
+    def table(self, schema: Schema) -> TableEncoder:
+        return _WalListenerTable(schema)
