@@ -43,6 +43,8 @@ from pg2sink.changelog.records import (
 )
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.imports import jobs
+from pg2sink.imports.spark import ImportTask, SparkRunner
 from pg2sink.sinks.nats import sink as nats_sink
 from pg2sink.sinks.nats.client import Publisher
 from pg2sink.sinks.nats.config import NatsConfig, shown_url, url_secrets
@@ -50,6 +52,7 @@ from pg2sink.sinks.nats.imports import NatsImportTarget
 from pg2sink.sinks.nats.sink import NatsSink
 from pg2sink.sinks.nats.subjects import escape, table_subject
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
+from tests.imports.test_spark import INTERNAL, check_rows, expected_rows, fill_table, prepare_job
 from tests.support import FAST, Proc
 
 T = datetime(2026, 11, 24, 4, 20, 0, 123456, tzinfo=UTC)
@@ -688,3 +691,31 @@ def test_a_message_over_max_payload_names_the_limit(
     assert [m.subject for m in stored(nats_url, topic_prefix)] == [
         f"{topic_prefix}.public.t.schema"
     ]
+
+
+@pytest.mark.slow
+def test_an_import_through_spark_publishes_every_row_once(
+    db: Database, nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
+) -> None:
+    conn = db.connect()
+    rows = 20_000
+    fill_table(conn, rows)
+    job = prepare_job(db, "mix", 4)
+    expected = expected_rows(conn)
+    conn.execute("UPDATE mix SET name = 'after the snapshot' WHERE id <= 100")
+    target = NatsImportTarget(nats_cfg)
+    partitions = tuple(range(len(job.plan.predicates)))
+    task = ImportTask(job.id, job.plan, partitions, job.snapshot.name, db.dsn, INTERNAL, target)
+    runner = SparkRunner("local[2]")
+    try:
+        assert runner.run(task) == rows
+    finally:
+        runner.close()
+        job.snapshot.close()
+    assert all(p.done for p in jobs.load_partitions(conn, INTERNAL, job.id))
+    got = stored(nats_url, topic_prefix)
+    subject = f"{topic_prefix}.public.mix"
+    # the driver's Schema record once, then one message per row, values as in the snapshot
+    assert [m.subject for m in got[:1]] == [f"{subject}.schema"]
+    assert {m.subject for m in got[1:]} == {subject}
+    check_rows([m.value for m in got[1:]], expected)

@@ -12,9 +12,12 @@ from pg2sink.changelog.batches import ImportTable
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import DecodeError
+from pg2sink.imports import jobs
+from pg2sink.imports.spark import ImportTask, SparkRunner
 from pg2sink.sinks.base import ImportTarget, Sink
 from pg2sink.sinks.null import NullImportTarget, NullSink
 from tests.conftest import Database, wait_for
+from tests.imports.test_spark import INTERNAL, fill_table, prepare_job
 from tests.support import FAST, Proc, scalar
 
 T = datetime(2024, 1, 1, tzinfo=UTC)
@@ -85,3 +88,22 @@ def test_stream_through_the_cli_confirms_everything(db: Database, pg2sink_proc: 
     # t's Schema record, 1000 inserts, 10 updates and 500 deletes reached it
     assert "null sink closed: 1511 records discarded" in p.stderr()
     assert scalar(conn, "SELECT count(*) FROM t") == 500
+
+
+@pytest.mark.slow
+def test_an_import_through_spark_reads_every_row(db: Database) -> None:
+    conn = db.connect()
+    rows = 20_000
+    fill_table(conn, rows)
+    job = prepare_job(db, "mix", 4)
+    partitions = tuple(range(len(job.plan.predicates)))
+    task = ImportTask(
+        job.id, job.plan, partitions, job.snapshot.name, db.dsn, INTERNAL, NullImportTarget()
+    )
+    runner = SparkRunner("local[2]")
+    try:
+        assert runner.run(task) == rows  # every row read and decoded, then discarded
+    finally:
+        runner.close()
+        job.snapshot.close()
+    assert all(p.done for p in jobs.load_partitions(conn, INTERNAL, job.id))
