@@ -326,7 +326,9 @@ class StreamService:
             stack.callback(stage.detach)
         if rules.active:  # --only, --exclude-column, --mask-column, --outbox: in front
             publish = publisher_for(sink) if rules.outbox else None
-            changelog.put_in_front(RoutingStage(rules, builder.catalog, next_feed, publish))
+            changelog.put_in_front(
+                RoutingStage(rules, builder.catalog, next_feed, publish, builder.tag_counts)
+            )
         if not self.cfg.streaming:
             return changelog
         # created after START_REPLICATION took the slot: it deletes old spills

@@ -113,9 +113,13 @@ class RoutingStage:
         catalog: CatalogLookup,
         next_feed: Callable[[], Feed],
         publish: Publisher | None = None,
+        tag_counts: list[int] | None = None,
     ) -> None:
         self.rules = rules
         self.catalog = catalog
+        #: the builder's messages by tag (ChangelogBuilder.tag_counts): a left-out message
+        #: is counted there too, since it was received all the same (as the gate does)
+        self.tag_counts = tag_counts if tag_counts is not None else [0] * 256
         #: where outbox messages go (outbox.publisher_for); None without --outbox
         self.publish = publish
         #: the outbox tables' columns by relation oid
@@ -140,17 +144,20 @@ class RoutingStage:
                 if tag not in table.passes:
                     if tag == _INSERT and self._outboxes:
                         self._publish(bytes(payload), lsn)
+                    self.tag_counts[tag] += 1
                     return 0
                 if table.columns is not None:
                     payload = _rewrite_row(bytes(payload), table.columns)
         elif tag == _RELATION:
             announced = self._relation(bytes(payload))
             if announced is None:
+                self.tag_counts[tag] += 1
                 return 0
             payload = announced
         elif tag == _TRUNCATE and self._tables:
             kept = self._truncate(bytes(payload))
             if kept is None:
+                self.tag_counts[tag] += 1
                 return 0
             payload = kept
         return self._next(payload, lsn)

@@ -141,6 +141,9 @@ def test_the_stage_leaves_out_filtered_truncates_and_checks_tuples() -> None:
     fed.clear()
     stage.feed(b"T" + struct.pack(">IB", 1, 0) + struct.pack(">I", 1), 10)
     assert fed == []  # a truncate of none that passes: left out
+    stage.feed(b"U" + struct.pack(">I", 1) + b"N" + _tuple([b"1"]), 11)
+    assert fed == []
+    assert stage.tag_counts[ord("T")] == 1 and stage.tag_counts[ord("U")] == 1  # received
     stage, fed = _stage(exclude_columns=["a.x"])
     stage.feed(_relation(1, "a", ["id", "x"]), 0)
     with pytest.raises(DecodeError, match="tuple of 1 columns for a relation announced with 2"):
