@@ -16,11 +16,8 @@ import os
 import random
 import re
 import shlex
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +36,14 @@ from pg2sink.sinks.kafka.make import kafka_sink
 from pg2sink.sinks.kafka.transactional import ExactlyOnceKafkaSink
 from tests.conftest import REPO, Database, KafkaStack, Pg2Sink, pg2sink_for, wait_for
 from tests.routing.test_docs import _BLOCK
-from tests.sinks.test_kafka import _headers, create_topic, insert, kafka_args, schema_record
+from tests.sinks.test_kafka import (
+    _headers,
+    create_topic,
+    insert,
+    kafka_args,
+    own_kafka,  # noqa: F401 (a fixture)
+    schema_record,
+)
 from tests.support import FAST, Proc
 
 #: kill -9 trials of the streaming process (issue 15 asks 20) and the test time they may
@@ -450,34 +454,24 @@ def test_kill_9_trials_under_a_concurrent_writer_deliver_each_change_once(
     check_exactly_once(writer, read_committed(kafka_stack.bootstrap_servers, topics))
 
 
-@pytest.fixture(scope="module")
-def restartable_kafka() -> Iterator[services.Kafka]:
-    """A broker of this module's own, which a test stops and starts."""
-    base = Path(tempfile.mkdtemp(prefix="pg2sink-kafka-eos-"))
-    port, controller_port = services.free_ports(2)
-    kafka = services.Kafka(base=base / "kafka", port=port, controller_port=controller_port)
-    try:
-        kafka.start()
-        yield kafka
-    finally:
-        kafka.stop()
-        shutil.rmtree(base, ignore_errors=True)
-
-
 @pytest.mark.slow
 def test_broker_restarted_mid_stream_and_a_kill_9_deliver_each_change_once(
-    db: Database, pg2sink_proc: Proc, restartable_kafka: services.Kafka, topic_prefix: str
+    db: Database,
+    pg2sink_proc: Proc,
+    own_kafka: services.Kafka,  # noqa: F811 (test_kafka's fixture, imported)
+    topic_prefix: str,
 ) -> None:
-    bootstrap = restartable_kafka.bootstrap_servers
+    # a broker of this module's own (test_kafka's fixture), which this test stops and starts
+    bootstrap = own_kafka.bootstrap_servers
     topics = make_tables(db, bootstrap, topic_prefix)
     stack = KafkaStack(bootstrap, "")
     p = pg2sink_proc(*kafka_args(stack, topic_prefix, "--exactly-once", avro=False))
     p.start().wait_streaming()
     writer = run_writer(db, seed=16)
     time.sleep(3)
-    restartable_kafka.stop()  # mid-stream: a transaction is open, maybe committing
+    own_kafka.stop()  # mid-stream: a transaction is open, maybe committing
     time.sleep(transactional.COMMIT_WAIT + 2)  # a commit waiting for it fails
-    restartable_kafka.start()
+    own_kafka.start()
     time.sleep(3)
     p.kill()
     outage = [line[:240] for line in p.stderr().splitlines() if " INFO " not in line]
