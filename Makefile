@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # where bench-kafka-cpu keeps its captured frames (reused by later runs)
 CGK    ?= bench/out/frames
 
-.PHONY: setup system venv jdbc check test demo services services-stop bench-stream bench-latency bench-import bench-bigtx bench-kafka-cpu dashboards clean
+.PHONY: setup system venv jdbc check test demo services services-stop bench-stream bench-latency bench-import bench-bigtx bench-kafka-cpu bench-peers dashboards clean
 
 setup: system venv jdbc
 
@@ -67,6 +67,10 @@ bench-import: setup
 
 bench-bigtx: setup
 	$(PY) bench/bigtx.py $(ARGS)
+
+# pg2sink next to Debezium Server (fetched by scripts/debezium.py; runs on a JDK >= 21)
+bench-peers: setup
+	$(PY) bench/peers.py $(ARGS)
 
 # CPU seconds per change of the Kafka path on captured frames (bench/kafka_cpu.py):
 # comparable across code versions on a busy machine, unlike bench-stream's wall clock
