@@ -232,7 +232,9 @@ class ExactlyOnceKafkaSink(KafkaSink):
                 self._transaction_failed(e, "abort")
             self._in_transaction = self._direct = False
         self._at_checkpoint = self._at_commit = self._produced
-        self._latest = self._committed = lsn
+        self._latest = lsn
+        if self._committed is None or lsn > self._committed:  # never backwards
+            self._committed = lsn
 
     def _commit_due(self) -> bool:
         """Whether a commit is cheap (everything delivered) or a second late."""
