@@ -201,8 +201,8 @@ def test_a_restart_continues_without_duplicates(
     assert p.stop() == 0
     assert duck_rows(path, "public_docs", "id") == [("en", 1, "one"), ("en", 2, "two")]
     assert duck_query(path, "SELECT count(*) FROM public_docs_raw") == [(2,)]
-    ((lsn,),) = duck_query(path, "SELECT lsn FROM pg2sink_state")
-    assert lsn <= (db.slot_confirmed_lsn() or 0)
+    ((slot, lsn),) = duck_query(path, "SELECT slot, lsn FROM pg2sink_state")
+    assert slot == db.slot and lsn <= (db.slot_confirmed_lsn() or 0)
 
 
 # --- schema evolution -------------------------------------------------------------------
@@ -261,17 +261,15 @@ def test_a_type_change_duckdb_cannot_apply_stops_the_stream(
 # --- kill -9: exactly once ---------------------------------------------------------------
 
 
-class Writer(threading.Thread):
-    """Random transactions on table `w` (keys 1 to `keys`, and as many more for key
-    changes) until stopped: inserts, updates (key changes too), deletes; a TRUNCATE now
-    and then when `truncate`."""
+class RandomWriter(threading.Thread):
+    """Random transactions of a few `_statement()`s each until stopped."""
 
-    def __init__(self, db: Database, seed: int, keys: int = 60, truncate: bool = True) -> None:
+    def __init__(self, db: Database, seed: int, most: int = 6, pause: float = 0.002) -> None:
         super().__init__(daemon=True)
-        self.keys = keys
-        self.truncate = truncate
         self.conn = db.connect()
         self.rng = random.Random(seed)
+        self.most = most
+        self.pause = pause
         self.stopped = threading.Event()
         self.transactions = 0
         self.error: BaseException | None = None
@@ -280,12 +278,26 @@ class Writer(threading.Thread):
         try:
             while not self.stopped.is_set():
                 with self.conn.transaction():
-                    for _ in range(self.rng.randint(1, 6)):
+                    for _ in range(self.rng.randint(1, self.most)):
                         self._statement()
                 self.transactions += 1
-                time.sleep(0.002)
+                time.sleep(self.pause)
         except BaseException as e:  # reported by the test
             self.error = e
+
+    def _statement(self) -> None:
+        raise NotImplementedError
+
+
+class Writer(RandomWriter):
+    """Random transactions on table `w` (keys 1 to `keys`, and as many more for key
+    changes) until stopped: inserts, updates (key changes too), deletes; a TRUNCATE now
+    and then when `truncate`."""
+
+    def __init__(self, db: Database, seed: int, keys: int = 60, truncate: bool = True) -> None:
+        super().__init__(db, seed)
+        self.keys = keys
+        self.truncate = truncate
 
     def _statement(self) -> None:
         rng, c = self.rng, self.conn
@@ -437,28 +449,12 @@ def test_an_import_under_writes_and_a_kill_9_converges(
     assert repeated == []
 
 
-class ZooWriter(threading.Thread):
+class ZooWriter(RandomWriter):
     """Random transactions on table z until stopped: inserts, updates that leave the
     TOASTed column alone, key changes, deletes."""
 
     def __init__(self, db: Database, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.conn = db.connect()
-        self.rng = random.Random(seed)
-        self.stopped = threading.Event()
-        self.transactions = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while not self.stopped.is_set():
-                with self.conn.transaction():
-                    for _ in range(self.rng.randint(1, 4)):
-                        self._statement()
-                self.transactions += 1
-                time.sleep(0.005)
-        except BaseException as e:  # reported by the test
-            self.error = e
+        super().__init__(db, seed, most=4, pause=0.005)
 
     def _statement(self) -> None:
         rng, c = self.rng, self.conn

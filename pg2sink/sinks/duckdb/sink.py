@@ -53,8 +53,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["STATE_KEY", "DuckDBSink"]
 
-#: the `slot` of the file's pg2sink_state row: sinks are not told the stream's slot, so a
-#: file belongs to one stream (docs/sinks/duckdb.md)
+#: the `slot` of the file's pg2sink_state row when the stream does not tell its slot
+#: (`use_slot`): a sink made outside the service
 STATE_KEY = "pg2sink"
 
 #: a batch this large is committed at the next checkpoint, after waiting for the one
@@ -81,6 +81,7 @@ class DuckDBSink:
 
     def __init__(self, config: DuckDBConfig) -> None:
         self.path = config.duckdb_path
+        self.slot = STATE_KEY
         self._con: duckdb.DuckDBPyConnection | None = None
         self._layouts: dict[tuple[str, str], Layout] = {}
         #: the last position given to a raw row, and the highest LSN the file holds
@@ -100,6 +101,10 @@ class DuckDBSink:
 
     # --- the Sink protocol ---
 
+    def use_slot(self, slot: str) -> None:
+        """The stream's replication slot: the key of its row in pg2sink_state (UsesSlot)."""
+        self.slot = slot
+
     def open(self) -> None:
         """Open (or create) the file, its internal tables, and read where it is."""
         try:
@@ -110,8 +115,11 @@ class DuckDBSink:
             con.execute("SET TimeZone = 'UTC'")
             for statement in _INTERNAL:
                 con.execute(statement)
+            # the LSN is the slot's; positions run over the whole file
             state = con.execute(
-                "SELECT lsn, position FROM pg2sink_state WHERE slot = ?", [STATE_KEY]
+                "SELECT (SELECT lsn FROM pg2sink_state WHERE slot = ?), "
+                "(SELECT coalesce(max(position), 0) FROM pg2sink_state)",
+                [self.slot],
             ).fetchall()
             for (data,) in con.execute("SELECT layout FROM pg2sink_tables").fetchall():
                 layout = Layout.from_json(orjson.loads(data))
@@ -119,8 +127,7 @@ class DuckDBSink:
         except duckdb.Error as e:
             con.close()
             raise SinkError(f"cannot use --duckdb-path {self.path!r}: {_one_line(e)}") from None
-        if state:
-            self._stored, self._position = int(state[0][0]), int(state[0][1])
+        self._stored, self._position = int(state[0][0] or 0), int(state[0][1])
         self._con = con
         # a crash came before their removal; unfinished files belong to partitions that
         # were never marked done (their retry writes them again)
@@ -242,7 +249,7 @@ class DuckDBSink:
             writer.finish()
             con.execute(
                 "INSERT OR REPLACE INTO pg2sink_state VALUES (?, ?, ?)",
-                [STATE_KEY, lsn, writer.position],
+                [self.slot, lsn, writer.position],
             )
             con.execute("COMMIT")
         except (duckdb.Error, SinkError) as e:
