@@ -94,7 +94,7 @@ class StreamService:
 
     def __init__(self, cfg: StreamConfig) -> None:
         if cfg.routing.outbox and not cfg.decode_only:
-            check_sink(cfg.sink)
+            check_sink(cfg.sink, cfg.routing.outbox_headers_column is not None)
         self.cfg = cfg
         #: --only, --exclude-column, --mask-column, --outbox (pg2sink/routing/)
         self.rules = cfg.routing.rules()

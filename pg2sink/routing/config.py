@@ -93,6 +93,14 @@ class RoutingConfig:
         metavar="COLUMN",
     )
 
+    outbox_headers_column: str | None = flag(
+        None,
+        group=GROUP,
+        help="the outbox json/jsonb column whose object's members are the message's "
+        "headers (Kafka; default: none but lsn)",
+        metavar="COLUMN",
+    )
+
     def __post_init__(self) -> None:
         self.rules()  # a value that does not parse is the user's error at start
 
@@ -108,6 +116,7 @@ class RoutingConfig:
                 self.outbox_topic_column,
                 self.outbox_payload_column,
                 self.outbox_key_column,
+                self.outbox_headers_column,
             ),
         )
 

@@ -17,6 +17,8 @@ are: the commit's checkpoint is acknowledged only once everything produced befor
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,10 +30,18 @@ from pg2sink.publication.patterns import TablePattern, compile_pattern
 
 __all__ = ["OutboxColumns", "OutboxRule", "Publisher", "check_sink", "publisher_for"]
 
-#: (destination, key, value, lsn): publish one message, durably by the next acknowledgement
-Publisher = Callable[[str, bytes | None, bytes, int], None]
+#: a message's headers: (name, value) pairs, as confluent_kafka takes them
+Headers = list[tuple[str, bytes | None]]
+#: (destination, key, value, headers, lsn): publish one message, durably by the next
+#: acknowledgement
+Publisher = Callable[[str, bytes | None, bytes, Headers, int], None]
+#: one INSERT's message: (destination, key, value, headers)
+OutboxMessage = tuple[str, bytes | None, bytes, Headers]
+
+log = logging.getLogger(__name__)
 
 _BYTEA_OID = 17
+_JSON = (114, 3802)  # json, jsonb
 _HEX_BYTEA = re.compile(rb"\\x([0-9a-fA-F]*)")
 
 
@@ -43,6 +53,7 @@ class OutboxRule:
     topic_column: str
     payload_column: str
     key_column: str | None
+    headers_column: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +64,8 @@ class OutboxColumns:
     payload: int
     key: int | None
     payload_is_bytea: bool
+    headers: int | None = None
+    """A json/jsonb column whose object's members are the message's headers."""
 
     @classmethod
     def of(cls, rule: OutboxRule, rel: Relation) -> OutboxColumns:
@@ -69,17 +82,24 @@ class OutboxColumns:
 
         topic = position(rule.topic_column, "--outbox-topic-column")
         payload = position(rule.payload_column, "--outbox-payload-column")
-        key = rule.key_column
-        return cls(
+        key, headers = rule.key_column, rule.headers_column
+        columns = cls(
             topic,
             payload,
             position(key, "--outbox-key-column") if key is not None else None,
             rel.columns[payload].type_oid == _BYTEA_OID,
+            position(headers, "--outbox-headers-column") if headers is not None else None,
         )
+        if columns.headers is not None and rel.columns[columns.headers].type_oid not in _JSON:
+            raise ConfigError(
+                f"--outbox {rel.namespace}.{rel.name}: --outbox-headers-column {headers} "
+                "must be json or jsonb (an object of header names and values)"
+            )
+        return columns
 
-    def message(self, values: Sequence[bytes | None]) -> tuple[str, bytes | None, bytes] | None:
-        """(destination, key, value) of one inserted row's text values; None for a row
-        without a destination (NULL topic: nothing to publish)."""
+    def message(self, values: Sequence[bytes | None]) -> OutboxMessage | None:
+        """(destination, key, value, headers) of one inserted row's text values; None for
+        a row without a destination (NULL topic: nothing to publish)."""
         topic = values[self.topic]
         if topic is None:
             return None
@@ -88,15 +108,38 @@ class OutboxColumns:
             hex_text = _HEX_BYTEA.fullmatch(payload)  # bytea_output = hex (session setting)
             payload = bytes.fromhex(hex_text.group(1).decode()) if hex_text else payload
         key = values[self.key] if self.key is not None else None
-        return topic.decode(), key, payload
+        headers = values[self.headers] if self.headers is not None else None
+        return topic.decode(), key, payload, _headers(headers) if headers else []
+
+
+def _headers(text: bytes) -> Headers:
+    """A JSON object's members as headers: a string as its UTF-8, null as no value, any
+    other value as its JSON text. Anything but an object gives none, with a warning (a
+    row the stream cannot skip must not stop it)."""
+    try:
+        members = json.loads(text)
+    except ValueError:
+        members = None
+    if not isinstance(members, dict):
+        log.warning("outbox row headers that are no JSON object are not sent")
+        return []
+    return [
+        (name, None if v is None else (v if isinstance(v, str) else json.dumps(v)).encode())
+        for name, v in members.items()
+    ]
 
 
 def compile_outbox(
-    tables: Sequence[str], topic_column: str, payload_column: str, key_column: str | None
+    tables: Sequence[str],
+    topic_column: str,
+    payload_column: str,
+    key_column: str | None,
+    headers_column: str | None = None,
 ) -> tuple[OutboxRule, ...]:
     """The --outbox rules."""
     return tuple(
-        OutboxRule(compile_pattern(t), topic_column, payload_column, key_column) for t in tables
+        OutboxRule(compile_pattern(t), topic_column, payload_column, key_column, headers_column)
+        for t in tables
     )
 
 
@@ -104,10 +147,12 @@ _SINKS = ("kafka", "nats")
 _UNSUPPORTED = "--outbox publishes to Kafka and NATS only (for now): add --sink kafka or nats"
 
 
-def check_sink(sink: str) -> None:
+def check_sink(sink: str, headers: bool = False) -> None:
     """ConfigError, at start, for --outbox on a sink that cannot publish it yet."""
     if sink not in _SINKS:
         raise ConfigError(_UNSUPPORTED)
+    if headers and sink != "kafka":
+        raise ConfigError("--outbox-headers-column: only Kafka messages have headers here")
 
 
 def publisher_for(sink: object) -> Publisher:
@@ -133,9 +178,9 @@ def publisher_for(sink: object) -> Publisher:
 def _kafka(sink: Any) -> Publisher:
     check, produce = sink._topics.check, sink._produce
 
-    def publish(topic: str, key: bytes | None, value: bytes, lsn: int) -> None:
+    def publish(topic: str, key: bytes | None, value: bytes, headers: Headers, lsn: int) -> None:
         check(sink._producer, topic)
-        produce(topic, key, value, [("lsn", b"%d" % lsn)])
+        produce(topic, key, value, [("lsn", b"%d" % lsn), *headers])
 
     return publish
 
@@ -143,7 +188,7 @@ def _kafka(sink: Any) -> Publisher:
 def _nats(sink: Any) -> Publisher:
     prefix, put = sink.cfg.nats_subject_prefix, sink._put
 
-    def publish(topic: str, key: bytes | None, value: bytes, lsn: int) -> None:
+    def publish(topic: str, key: bytes | None, value: bytes, headers: Headers, lsn: int) -> None:
         subject = f"{prefix}.{topic}"
         put(subject, value, f"{lsn}:{subject}")
 

@@ -36,7 +36,7 @@ def test_outbox_inserts_are_messages_on_the_topic_they_name(
     for table, payload in [("events", "jsonb"), ("blobs", "bytea")]:
         conn.execute(
             f"CREATE TABLE {table} (id bigserial PRIMARY KEY, topic text NOT NULL,"
-            f" payload {payload}, aggregate_id text)"
+            f" payload {payload}, aggregate_id text, headers jsonb)"
         )
     conn.execute("CREATE TABLE orders (id int PRIMARY KEY, total int)")
     placed, files = f"{topic_prefix}-orders", f"{topic_prefix}-files"
@@ -50,6 +50,8 @@ def test_outbox_inserts_are_messages_on_the_topic_they_name(
         "blobs",
         "--outbox-key-column",
         "aggregate_id",
+        "--outbox-headers-column",
+        "headers",
     )
     event = "INSERT INTO events (topic, payload, aggregate_id) VALUES (%s, %s, %s)"
     with conn.transaction():  # the domain change and its event, the outbox cleaned at once
@@ -63,7 +65,10 @@ def test_outbox_inserts_are_messages_on_the_topic_they_name(
     conn.execute("UPDATE events SET payload = '{}'")
     conn.execute("DELETE FROM events")
     conn.execute("TRUNCATE blobs")
-    conn.execute(event, (placed, '{"order": 3}', None))
+    conn.execute(
+        "INSERT INTO events (topic, payload, headers) VALUES (%s, '{\"order\": 3}', %s)",
+        (placed, '{"type": "OrderPlaced", "version": 2, "none": null}'),
+    )
 
     consumer = reader(placed, files, avro=False)
     consumer.read(4)
@@ -78,6 +83,14 @@ def test_outbox_inserts_are_messages_on_the_topic_they_name(
     ]
     assert by_topic[files] == [(None, b"\x00\x01 raw \x7f")]  # bytea: the bytes
     assert all(int(m.headers["lsn"]) > 0 for m in got)
+    # --outbox-headers-column: the object's members (a string as is, others as JSON)
+    assert [sorted(m.headers) for m in got if m.topic == placed] == [
+        ["lsn"],
+        ["lsn"],
+        ["lsn", "none", "type", "version"],
+    ]
+    last = [m for m in got if m.topic == placed][-1]
+    assert last.headers["type"] == "OrderPlaced" and last.headers["version"] == "2"
     topics = ck.admin.AdminClient({"bootstrap.servers": kafka_stack.bootstrap_servers})
     names = set(topics.list_topics(timeout=10).topics)
     assert f"{topic_prefix}.public.orders" in names  # the other tables stream as ever
@@ -93,6 +106,10 @@ def test_outbox_needs_kafka_or_nats(db: Database, tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "--outbox publishes to Kafka and NATS only (for now)" in done.stderr
+    nats = ("--sink", "nats", "--nats-url", "nats://127.0.0.1:1", "--outbox", "events")
+    done = run_cli("stream", "--source", db.dsn, *nats, "--outbox-headers-column", "h")
+    assert done.returncode == 2
+    assert "--outbox-headers-column: only Kafka messages have headers here" in done.stderr
     assert db.slot_confirmed_lsn() is None  # refused before anything was made
 
 
