@@ -24,6 +24,7 @@ from pg2sink import __version__, logs, options
 from pg2sink.changelog import _cmodule
 from pg2sink.config import Group, LogConfig, SourceConfig, StreamConfig
 from pg2sink.errors import ConfigError, Pg2SinkError
+from pg2sink.formats.config import FormatConfig, Formatting, choose, origin_of
 from pg2sink.routing.config import RoutingConfig
 from pg2sink.sinks import registry
 
@@ -81,6 +82,7 @@ _STREAM = [
     *options.options_of(SourceConfig),
     *options.options_of(StreamConfig),
     *options.options_of(RoutingConfig),
+    *options.options_of(FormatConfig),
     *(opt for e in registry.SINKS if e.config is not None for opt in options.options_of(e.config)),
     *_LOGGING,
 ]
@@ -173,16 +175,24 @@ def _source_config(args: argparse.Namespace) -> SourceConfig:
     return config
 
 
-def _sink_config(args: argparse.Namespace) -> object | None:
+def _sink_config(args: argparse.Namespace, source: SourceConfig) -> object | None:
     """The chosen sink's settings (the file sink's with --decode-only, which prints to
-    --file-path); ConfigError for what can be checked without its server."""
+    --file-path), with its --format; ConfigError for what can be checked without its
+    server."""
     name = "file" if args.decode_only else (args.sink or StreamConfig.sink)
     entry = registry.entry(name)
+    formats: FormatConfig = options.build(FormatConfig, args)
+    # --decode-only prints what the stream would send, whatever --format says
+    chosen = None if args.decode_only else choose(name, entry.formats, formats)
     if entry.config is None:
         return None
     # build() registers the secrets of each value as it makes it, so that no error
     # below can show them
     config: object = options.build(entry.config, args)
+    if chosen is not None:  # a message sink: its format, and whom its messages name
+        host, database = origin_of(source.dsn.reveal())
+        formatting = Formatting(formats.debezium_schemas, host, database)
+        config = dataclasses.replace(config, format=chosen, formatting=formatting)  # type: ignore[type-var]
     if isinstance(config, registry.Checked):
         config.check()
     return config
@@ -197,7 +207,7 @@ def _stream_config(args: argparse.Namespace) -> StreamConfig:
         StreamConfig,
         args,
         source=source,
-        sink_config=_sink_config(args),
+        sink_config=_sink_config(args, source),
         routing=options.build(RoutingConfig, args),
     )
     if cfg.capture_ddl and (cfg.message_prefixes or not cfg.messages):

@@ -16,15 +16,17 @@ import pytest
 from pg2sink import cli, options
 from pg2sink.config import LogConfig, SecretDsn, SourceConfig, StreamConfig
 from pg2sink.errors import ConfigError
+from pg2sink.formats.config import FormatConfig
 from pg2sink.options import Option, format_duration, parse_duration
 from pg2sink.routing.config import RoutingConfig
 from pg2sink.sinks import registry
 
 #: every sink's options are options of `pg2sink stream` (sinks/registry.py)
 SINK_CONFIGS = tuple(e.config for e in registry.SINKS if e.config is not None)
-CLASSES = (SourceConfig, StreamConfig, RoutingConfig, *SINK_CONFIGS, LogConfig)
-#: the fields that are no option: nested configs, and what no user sets
-NOT_OPTIONS = {"source", "sink_config", "routing", "secrets"}
+CLASSES = (SourceConfig, StreamConfig, RoutingConfig, FormatConfig, *SINK_CONFIGS, LogConfig)
+#: the fields that are no option: nested configs, and what no user sets (the message
+#: sinks' format and formatting come from --format, FormatConfig's)
+NOT_OPTIONS = {"source", "sink_config", "routing", "secrets", "format", "formatting"}
 #: values a generic text would not pass (a DSN, a slot name, KEY=VALUE settings...)
 SAMPLES: dict[str, list[str]] = {
     "dsn": ["host=h dbname=d password=pw"],
@@ -34,6 +36,7 @@ SAMPLES: dict[str, list[str]] = {
     "topic_map": ["public.a=x", "public.b=y"],
     "import_backoff_factor": ["3"],
     "kinesis_create_stream": ["2"],
+    "format": ["debezium"],  # the one --debezium-schemas goes with
     "nats_duplicate_window": ["10m"],
     "only": ["public.a=insert", "b=update,delete"],
     "exclude_columns": ["public.a.x", "b.y"],
@@ -91,7 +94,12 @@ def configs(args: argparse.Namespace) -> dict[str, Any]:
     built = {"SourceConfig": stream.source, "StreamConfig": stream, "RoutingConfig": stream.routing}
     for cls in SINK_CONFIGS:
         built[cls.__name__] = options.build(cls, args)
-    assert built[type(stream.sink_config).__name__] == stream.sink_config
+    built["FormatConfig"] = options.build(FormatConfig, args)
+    # the CLI puts --format's choice in a message sink's config
+    sink = stream.sink_config
+    chosen = {k: getattr(sink, k) for k in ("format", "formatting") if hasattr(sink, k)}
+    plain_sink: Any = built[type(sink).__name__]
+    assert dataclasses.replace(plain_sink, **chosen) == sink
     built["LogConfig"] = options.build(LogConfig, args)
     return {name: plain(cfg) for name, cfg in built.items()}
 
@@ -138,7 +146,7 @@ def test_shown_defaults_are_the_fields_defaults(capsys: pytest.CaptureFixture[st
     assert squeezed("(default: 10m) [env: PG2SINK_IMPORT_BACKOFF_MAX]") in shown
     assert squeezed("(default: 2) [env: PG2SINK_IMPORT_BACKOFF_FACTOR]") in shown
     assert squeezed("repeatable (default: public) [env: PG2SINK_SCHEMA]") in shown
-    assert squeezed("(default: avro) [env: PG2SINK_FORMAT]") in shown
+    assert squeezed("(default: pg2sink) [env: PG2SINK_TOPIC_PREFIX]") in shown
     for opt in stream_options():
         if opt.flag.parse is parse_duration:
             assert parse_duration(format_duration(default(opt))) == default(opt)

@@ -12,8 +12,9 @@ The value is the envelope, keys in Debezium's order:
 
 - op: c (INSERT), u (UPDATE), d (DELETE), t (TRUNCATE), r (an imported row, as
   Debezium's snapshot reads; source.snapshot "true" for them, "false" else).
-- before: the old image PostgreSQL sent (the key with the default REPLICA IDENTITY, the
-  whole row with FULL), after: the new row; values by debezium_types.
+- before: the old image PostgreSQL sent (the key with the default REPLICA IDENTITY, its
+  other columns null as in Debezium; the whole row with FULL), after: the new row;
+  values by debezium_types.
 - source.name: Debezium's topic.prefix, which pg2sink's topic prefix plays (topics are
   PREFIX.<schema>.<table> in both); source.db: the source database; ts_ms (source and
   envelope): the commit time in milliseconds (Debezium's envelope ts_ms is its own
@@ -155,10 +156,11 @@ class _DebeziumTable:
     def _row(self, row: Mapping[str, object] | None) -> dict[str, object] | None:
         if row is None:
             return None
-        fields = self._fields
-        return {
-            name: convert_value(fields[name], v) if name in fields else v for name, v in row.items()
-        }
+        # every column of the struct, as Debezium writes them: a column the old key
+        # image lacks (default REPLICA IDENTITY) is null there too
+        out = {name: convert_value(ft, row.get(name)) for name, ft in self._fields.items()}
+        out.update((name, v) for name, v in row.items() if name not in out)
+        return out
 
     def key(self, row: Mapping[str, object]) -> bytes | None:
         if not self._keys:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pg2sink.errors import ConfigError
+from pg2sink.formats.registry import ENCODED as MESSAGE_FORMATS
 from pg2sink.sinks.duckdb.config import GROUP as DUCKDB_GROUP
 from pg2sink.sinks.duckdb.config import DuckDBConfig
 from pg2sink.sinks.file.config import GROUP as FILE_GROUP
@@ -63,6 +64,8 @@ class SinkEntry:
     imports: Callable[[Any], ImportTarget] | None = None
     """Where imports write, from its config (sinks/<name>/imports.py); None: its
     tables' existing rows cannot be imported (jobs stay pending, with a warning)."""
+    formats: tuple[str, ...] = ()
+    """The --format values it takes (formats/config.py), its default first; (): none."""
 
     def create(self, config: object | None) -> Sink:
         """The sink, from its config (built by the CLI); ConfigError when its library is
@@ -172,6 +175,7 @@ SINKS: tuple[SinkEntry, ...] = (
         KAFKA_GROUP,
         extra="kafka",
         imports=_kafka_imports,
+        formats=("avro", *MESSAGE_FORMATS),
     ),
     SinkEntry(
         "kinesis",
@@ -181,6 +185,7 @@ SINKS: tuple[SinkEntry, ...] = (
         KINESIS_GROUP,
         extra="kinesis",
         imports=_kinesis_imports,
+        formats=MESSAGE_FORMATS,
     ),
     SinkEntry(
         "nats",
@@ -190,6 +195,7 @@ SINKS: tuple[SinkEntry, ...] = (
         NATS_GROUP,
         extra="nats",
         imports=_nats_imports,
+        formats=MESSAGE_FORMATS,
     ),
     SinkEntry(
         "duckdb",

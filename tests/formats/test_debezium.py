@@ -55,7 +55,13 @@ def envelope(before: str, after: str, op: str, lsn: int, snapshot: str = "false"
 EXPECTED = {
     "insert": envelope("null", ANN_JSON, "c", 23803720),
     "update": envelope(ANN_JSON, BO_JSON, "u", 23803760),
-    "delete": envelope('{"id":1}', "null", "d", 23803800),
+    "delete": envelope(
+        '{"id":1,"name":null,"score":null,"active":null,"seen":null,"born":null,"big":null,'
+        '"tags":null,"doc":null}',
+        "null",
+        "d",
+        23803800,
+    ),
     "truncate": envelope("null", "null", "t", 23803840),
 }
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pg2sink.errors import ConfigError
+from pg2sink.formats.config import Formatting
 from pg2sink.options import flag, split_settings
 from pg2sink.sensitive import Settings, url_password
 
@@ -63,12 +64,11 @@ class KafkaConfig:
         "schema registry client setting (basic.auth.user.info, ssl.ca.location, "
         "timeout...); repeatable",
     )
-    format: str = flag(
-        "avro",
-        group=GROUP,
-        help="message format: Avro (Confluent wire format, registry) or JSON",
-        choices=("avro", "json"),
-    )
+    format: str = "avro"
+    """The message format: the shared --format option's choice (formats/config.py, set by
+    the CLI): avro (Confluent wire format, registry), json, or a formats/ encoder's name."""
+    formatting: Formatting = field(default_factory=Formatting)
+    """What a formats/ encoder needs beyond its name (set by the CLI)."""
     topic_prefix: str = flag(
         "pg2sink",
         group=GROUP,

@@ -1,4 +1,4 @@
-"""Message keys and values of one table, in the two formats of --format.
+"""Message keys and values of one table, in the formats of --format.
 
 avro (default): Confluent wire format (magic byte 0, 4-byte schema id, Avro binary body).
   The value is the Modification envelope of changelog.avro, the key the record of the key
@@ -6,6 +6,9 @@ avro (default): Confluent wire format (magic byte 0, 4-byte schema id, Avro bina
   record arrives, so a new table shape registers new versions before its first change.
 json: the value is the file sink's JSON line of the Modification (without the newline),
   the key the JSON object of the key columns; no registry involved.
+pg-kinesis, wal-listener, psql-streamer, debezium: the value is the formats/ encoder's
+  message (docs/formats.md), the key the JSON object of the key columns (Debezium's key
+  struct for debezium); Schema records (--schema-topic) and messages stay pg2sink's JSON.
 
 Tables without a key (no primary key, REPLICA IDENTITY FULL or NOTHING), and TRUNCATE
 messages, have a null key.
@@ -22,9 +25,23 @@ from pg2sink.changelog.avro_native import NativeRowEncoder
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.jsonlines import modification_object
 from pg2sink.changelog.records import Modification, Operation, Schema
+from pg2sink.errors import ConfigError
+from pg2sink.formats.base import Encoder, Origin
+from pg2sink.formats.base import TableEncoder as FormatTable
+from pg2sink.formats.registry import encoder
 from pg2sink.registry import SchemaRegistry, key_subject, value_subject, wire_header
+from pg2sink.sinks.kafka.config import KafkaConfig
 
-__all__ = ["AvroFormat", "Format", "JsonFormat", "TableFormat", "key_row", "modification_json"]
+__all__ = [
+    "AvroFormat",
+    "EncoderFormat",
+    "Format",
+    "JsonFormat",
+    "TableFormat",
+    "key_row",
+    "message_format",
+    "modification_json",
+]
 
 
 def key_row(m: Modification) -> Mapping[str, object] | None:
@@ -138,3 +155,46 @@ class JsonFormat:
 
     def close(self) -> None:
         pass
+
+
+class _EncoderTable:
+    __slots__ = ("key", "native", "value")
+
+    def __init__(self, table: FormatTable) -> None:
+        self.key: Callable[[Mapping[str, object]], bytes | None] = table.key
+        self.value: Callable[[Modification], bytes] = table.value
+        self.native: NativeRowEncoder | None = None  # the Python path
+
+
+class EncoderFormat:
+    """A formats/ encoder's messages (--format pg-kinesis, wal-listener, psql-streamer,
+    debezium); no registry."""
+
+    json_values = False  # the encoders read both value forms (formats/base.py)
+
+    def __init__(self, encoder: Encoder) -> None:
+        self._encoder = encoder
+
+    def table(self, schema: Schema, topic: str) -> TableFormat:
+        return _EncoderTable(self._encoder.table(schema))
+
+    def close(self) -> None:
+        pass
+
+
+def message_format(cfg: KafkaConfig, registry: SchemaRegistry | None = None) -> Format:
+    """The Format of `cfg.format`; avro writes through `registry` (by default a client
+    of --schema-registry-url), ConfigError without one."""
+    if cfg.format == "json":
+        return JsonFormat()
+    if cfg.format != "avro":
+        f = cfg.formatting
+        origin = Origin(f.host, f.database, cfg.topic_prefix)
+        return EncoderFormat(encoder(cfg.format, origin, f.debezium_schemas))
+    if registry is None:
+        if not cfg.schema_registry_url:
+            raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")
+        from pg2sink.registry import RegistryClient
+
+        registry = RegistryClient(cfg.schema_registry_url, cfg.registry.reveal())
+    return AvroFormat(registry)

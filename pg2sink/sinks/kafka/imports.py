@@ -54,13 +54,13 @@ class KafkaImportTarget:
     def begin(self, schema: Schema) -> KafkaImportTarget:
         """Produce the Schema record (registers the subjects, checks the topic, writes
         --schema-topic) and wait for it; the target with the subjects' ids."""
-        from pg2sink.sinks.kafka.formats import AvroFormat, JsonFormat
+        from pg2sink.sinks.kafka.formats import AvroFormat, message_format
         from pg2sink.sinks.kafka.sink import KafkaSink
 
         recording: RecordingRegistry | None = None
         fmt: Format
-        if self.cfg.format == "json":
-            fmt = JsonFormat()
+        if self.cfg.format != "avro":
+            fmt = message_format(self.cfg)
         else:
             if not self.cfg.schema_registry_url:
                 raise ConfigError(
@@ -85,15 +85,15 @@ class KafkaImportTarget:
 
     def write_rows(self, table: ImportTable, batches: Iterator[pa.RecordBatch]) -> int:
         """Produce every row and wait for every delivery; the number of rows."""
-        from pg2sink.sinks.kafka.formats import AvroFormat, JsonFormat
+        from pg2sink.sinks.kafka.formats import AvroFormat, message_format
         from pg2sink.sinks.kafka.sink import KafkaSink
 
         # the driver published the Schema record to --schema-topic once; imports are not
         # transactional (docs/kafka-exactly-once.md)
         cfg = dataclasses.replace(self.cfg, schema_topic=None, exactly_once=False)
         fmt: Format = (
-            JsonFormat()
-            if cfg.format == "json"
+            message_format(cfg)
+            if cfg.format != "avro"
             else AvroFormat(KnownSchemaIds(dict(self.schema_ids)))
         )
         sink = KafkaSink(cfg, fmt)

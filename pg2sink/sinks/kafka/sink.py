@@ -63,12 +63,7 @@ from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.config import KafkaConfig
-from pg2sink.sinks.kafka.formats import (
-    AvroFormat,
-    Format,
-    JsonFormat,
-    TableFormat,
-)
+from pg2sink.sinks.kafka.formats import Format, TableFormat, message_format
 from pg2sink.sinks.kafka.health import PROBE_WAIT, BrokerHealth
 from pg2sink.sinks.kafka.producer import LibrdkafkaLog, producer_settings, reason
 from pg2sink.sinks.kafka.topic_check import TopicCheck
@@ -173,13 +168,7 @@ class KafkaSink:
         log.debug("kafka sink producing to %s", self.cfg.bootstrap_servers)
 
     def _make_format(self) -> Format:
-        if self.cfg.format == "json":
-            return JsonFormat()
-        if not self.cfg.schema_registry_url:
-            raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")
-        from pg2sink.registry import RegistryClient
-
-        return AvroFormat(RegistryClient(self.cfg.schema_registry_url, self.cfg.registry.reveal()))
+        return message_format(self.cfg)
 
     def _make_producer(self) -> Any:
         settings: dict[str, Any] = producer_settings(self.cfg)

@@ -7,10 +7,11 @@ role), so no secret is ever on a command line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pg2sink.errors import ConfigError
+from pg2sink.formats.config import Formatting
 from pg2sink.options import flag
 
 GROUP = "kinesis sink (--sink=kinesis)"
@@ -64,6 +65,11 @@ class KinesisConfig:
         parse=_shards,
     )
     """Shards of a stream created at start; None: a missing stream is an error."""
+    format: str = "json"
+    """The message format: the shared --format option's choice (formats/config.py, set by
+    the CLI): json or a formats/ encoder's name."""
+    formatting: Formatting = field(default_factory=Formatting)
+    """What the format's encoder needs beyond its name (set by the CLI)."""
 
     def check(self) -> None:
         """ConfigError for what can be checked without AWS (the CLI calls it)."""

@@ -15,24 +15,30 @@ The key columns are taken from the new row, or the old one of a DELETE (README
 changes. A key longer than Kinesis's 256 characters becomes `sha256:` and the hex
 digest of its UTF-8: the same row always gets the same key.
 
-The data is what `encode` makes of the record: by default its JSON line
+The data is, with --format json (the default), the record's JSON line
 (changelog/jsonlines.py) without the newline, the file sink's and Kafka's JSON
-(`json_data`). Another format (issue 14's `--format pg-kinesis`) is another `encode`;
-the keys, limits and delivery stay as they are.
+(`json_data`). With another --format (formats/: pg-kinesis, wal-listener,
+psql-streamer, debezium) a change is that format's message, Schema records are not put
+(the seed tools' consumers read changes only; the stream's key columns are still
+learnt from them), and messages (--messages) stay JSON lines. The keys, limits and
+delivery stay as they are.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Message, Modification, Operation, Record, Schema
 from pg2sink.errors import SinkError
+from pg2sink.formats.base import Encoder, Origin, TableEncoder, key_columns
+from pg2sink.formats.registry import encoder
 from pg2sink.sinks.kinesis.batching import MAX_KEY_CHARS, MAX_RECORD_BYTES, Entry
+from pg2sink.sinks.kinesis.config import KinesisConfig
 
-__all__ = ["MESSAGES_KEY", "Payload", "json_data", "partition_key"]
+__all__ = ["MESSAGES_KEY", "Payload", "json_data", "partition_key", "payload_for"]
 
 #: The partition key of Message records whose prefix is empty.
 MESSAGES_KEY = "pg2sink.messages"
@@ -61,32 +67,49 @@ def partition_key(m: Modification, key_columns: tuple[str, ...]) -> str:
 
 
 class Payload:
-    """Makes each record's Entry: its partition key and `encode(record)`."""
+    """Makes each record's Entry: its partition key and data (see the module docstring);
+    `encoder`: the --format's, None for JSON lines."""
 
-    def __init__(self, encode: Callable[[Record], bytes] = json_data) -> None:
-        self._encode = encode
+    def __init__(self, encoder: Encoder | None = None) -> None:
+        self._encoder = encoder
         #: (schema, table) -> its key columns, in key order, from its Schema record
         self._keys: dict[tuple[str, str], tuple[str, ...]] = {}
+        #: (schema, table) -> its encoder (with an `encoder` only)
+        self._tables: dict[tuple[str, str], TableEncoder] = {}
 
     def learn(self, s: Schema) -> None:
         """Remember a table's key columns (its changes that follow are keyed by them)."""
-        # Schema.primary_key is in key order; the row record's list is a fallback
-        self._keys[(s.namespace, s.name)] = tuple(
-            s.primary_key or s.schema.get("pg.primary_key") or ()
-        )
+        self._keys[(s.namespace, s.name)] = key_columns(s)
+        if self._encoder is not None:
+            self._tables[(s.namespace, s.name)] = self._encoder.table(s)
+
+    def _data(self, m: Modification) -> bytes:
+        """A change's data in the --format."""
+        if self._encoder is None:
+            return json_data(m)
+        table = self._tables.get((m.namespace, m.name))
+        if table is None:
+            raise SinkError(f"change of {m.namespace}.{m.name} before its Schema record")
+        return table.value(m)
+
+    @property
+    def puts_schemas(self) -> bool:
+        """Whether Schema records are put (JSON lines only); else the sink only learns
+        them."""
+        return self._encoder is None
 
     def entry(self, record: Record) -> Entry:
         """The record's Entry; SinkError for one Kinesis cannot take (over 1 MiB)."""
         if isinstance(record, Modification):
             columns = self._keys.get((record.namespace, record.name), ())
-            key = partition_key(record, columns)
+            entry = Entry(partition_key(record, columns), self._data(record))
         elif isinstance(record, Schema):
             self.learn(record)
-            key = f"{record.namespace}.{record.name}"
+            entry = Entry(f"{record.namespace}.{record.name}", json_data(record))
         else:
             assert isinstance(record, Message)
             key = _bounded(record.prefix) if record.prefix else MESSAGES_KEY
-        entry = Entry(key, self._encode(record))
+            entry = Entry(key, json_data(record))
         if entry.size > MAX_RECORD_BYTES:
             raise SinkError(_too_large(record, entry.size))
         return entry
@@ -106,3 +129,12 @@ def _too_large(record: Record, size: int) -> str:
         "sent again after a restart, so leave the table (or its large columns) out of "
         "the publication"
     )
+
+
+def payload_for(cfg: KinesisConfig) -> Payload:
+    """The payload of the config's --format."""
+    if cfg.format == "json":
+        return Payload()
+    f = cfg.formatting
+    origin = Origin(f.host, f.database, cfg.kinesis_stream)
+    return Payload(encoder(cfg.format, origin, f.debezium_schemas))

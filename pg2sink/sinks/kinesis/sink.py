@@ -48,7 +48,7 @@ from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.options import add_secret
 from pg2sink.sinks.kinesis.batching import Entry
 from pg2sink.sinks.kinesis.config import KinesisConfig
-from pg2sink.sinks.kinesis.payload import Payload
+from pg2sink.sinks.kinesis.payload import Payload, payload_for
 from pg2sink.sinks.kinesis.sender import MAX_QUEUED, STALL_WAIT, Sender
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ class KinesisSink:
         """`max_queued` and `stall_wait`: the sender's bound on queued bytes, and how
         long the queue may stay full (sender.py)."""
         self.cfg = cfg
-        self._payload = payload or Payload()
+        self._payload = payload or payload_for(cfg)
         self._limits = (max_queued, stall_wait)
         self._client: KinesisClient | None = None
         self._sender: Sender | None = None
@@ -193,6 +193,9 @@ class KinesisSink:
 
     def write(self, record: Record) -> None:
         """Queue the record's entry; raises the failure that stopped the sender."""
+        if record.__class__ is Schema and not self._payload.puts_schemas:
+            self._payload.learn(record)  # a --format other than json: changes only
+            return
         entry = self._payload.entry(record)
         self._enqueue(entry)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from pg2sink.errors import ConfigError
+from pg2sink.formats.config import Formatting
 from pg2sink.options import duration, flag
 
 GROUP = "nats sink (--sink=nats)"
@@ -90,6 +91,11 @@ class NatsConfig:
         "duplicate window of a stream pg2sink creates: a message published again within "
         "it (same Nats-Msg-Id) is stored once",
     )
+    format: str = "json"
+    """The message format: the shared --format option's choice (formats/config.py, set by
+    the CLI): json or a formats/ encoder's name."""
+    formatting: Formatting = field(default_factory=Formatting)
+    """What the format's encoder needs beyond its name (set by the CLI)."""
 
     @property
     def stream(self) -> str:

@@ -1,9 +1,11 @@
 """What a NATS message carries: the encoding of each record kind, in one place.
 
-`JsonPayload` (the only format so far) writes the file sink's JSON line of the record,
-without its newline (changelog/jsonlines.py, README "Records"). Issue 14's other message
-shapes (wal-listener's, pg_kinesis's...) become other classes with the same three
-methods, chosen where the sink is made.
+`JsonPayload` (--format json, the default) writes the file sink's JSON line of the
+record, without its newline (changelog/jsonlines.py, README "Records"). `FormatPayload`
+writes each change in another --format (formats/: pg-kinesis, wal-listener,
+psql-streamer, debezium), table by table from their Schema records, which it learns
+whether or not they are published; Schema records (on their `.schema` subjects) and
+messages (--messages) stay pg2sink's JSON, no seed tool having had them.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from typing import Protocol
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.jsonlines import message_object, modification_object, schema_line
 from pg2sink.changelog.records import Message, Modification, Schema
+from pg2sink.errors import SinkError
+from pg2sink.formats.base import Encoder, Origin, TableEncoder
+from pg2sink.formats.registry import encoder
+from pg2sink.sinks.nats.config import NatsConfig
 
-__all__ = ["JsonPayload", "Payload"]
+__all__ = ["FormatPayload", "JsonPayload", "Payload", "payload_for"]
 
 
 class Payload(Protocol):
@@ -22,6 +28,10 @@ class Payload(Protocol):
 
     #: whether row values should reach the sink in their JSON form (Sink.json_values)
     json_values: bool
+
+    def learn(self, s: Schema) -> None:
+        """Take a table's shape (its changes that follow are encoded by it)."""
+        ...
 
     def change(self, m: Modification) -> bytes: ...
 
@@ -35,6 +45,9 @@ class JsonPayload:
 
     json_values = True
 
+    def learn(self, s: Schema) -> None:
+        pass  # the JSON line needs no table shape
+
     def change(self, m: Modification) -> bytes:
         return dumps(modification_object(m))
 
@@ -43,3 +56,29 @@ class JsonPayload:
 
     def message(self, m: Message) -> bytes:
         return dumps(message_object(m))
+
+
+class FormatPayload(JsonPayload):
+    """Changes in a formats/ encoder's shape; Schema records and messages as JsonPayload."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self._encoder = encoder
+        self._tables: dict[tuple[str, str], TableEncoder] = {}
+
+    def learn(self, s: Schema) -> None:
+        self._tables[(s.namespace, s.name)] = self._encoder.table(s)
+
+    def change(self, m: Modification) -> bytes:
+        table = self._tables.get((m.namespace, m.name))
+        if table is None:
+            raise SinkError(f"change of {m.namespace}.{m.name} before its Schema record")
+        return table.value(m)
+
+
+def payload_for(cfg: NatsConfig) -> Payload:
+    """The payload of the config's --format."""
+    if cfg.format == "json":
+        return JsonPayload()
+    f = cfg.formatting
+    origin = Origin(f.host, f.database, cfg.nats_subject_prefix)
+    return FormatPayload(encoder(cfg.format, origin, f.debezium_schemas))

@@ -45,7 +45,7 @@ from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.options import format_duration
 from pg2sink.sinks.nats.client import Outgoing, Publisher
 from pg2sink.sinks.nats.config import NatsConfig
-from pg2sink.sinks.nats.payload import JsonPayload, Payload
+from pg2sink.sinks.nats.payload import Payload, payload_for
 from pg2sink.sinks.nats.subjects import MESSAGES, table_subject
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class NatsSink:
         """`schemas`: publish Schema records (False: only learn the table from them, as
         imports' executors do)."""
         self.cfg = cfg
-        self._payload = payload or JsonPayload()
+        self._payload = payload or payload_for(cfg)
         self.json_values = self._payload.json_values
         self._schemas = schemas
         self._publisher: Publisher | None = None
@@ -163,6 +163,7 @@ class NatsSink:
         else:
             assert isinstance(record, Schema)
             table = _Table(self.cfg.nats_subject_prefix, record)
+            self._payload.learn(record)
             self._tables[(record.namespace, record.name)] = table
             if self._schemas:
                 msg_id = f"{record.lsn}:{table.schema_subject}"
