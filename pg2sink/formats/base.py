@@ -20,7 +20,7 @@ import orjson
 
 from pg2sink.changelog.codecs import Kind, kind_of
 from pg2sink.changelog.jsonenc import dumps, loads
-from pg2sink.changelog.records import Modification, Operation, Schema
+from pg2sink.changelog.records import Modification, Schema
 
 __all__ = [
     "Column",
@@ -31,7 +31,6 @@ __all__ = [
     "json_of",
     "key_columns",
     "key_of",
-    "key_row",
     "pg_text",
     "text_of",
 ]
@@ -101,15 +100,6 @@ def columns_of(schema: Schema) -> tuple[Column, ...]:
 def key_columns(schema: Schema) -> tuple[str, ...]:
     """The key columns in key order (Schema.primary_key; the row record's list else)."""
     return tuple(schema.primary_key or schema.schema.get("pg.primary_key") or ())
-
-
-def key_row(m: Modification) -> Mapping[str, object] | None:
-    """The image a change's key is taken from: the new row, the old one for DELETE."""
-    if m.after is not None:
-        return m.after
-    if m.operation is Operation.DELETE:
-        return m.before
-    return None  # TRUNCATE
 
 
 def key_of(columns: tuple[str, ...], row: Mapping[str, object]) -> bytes | None:
