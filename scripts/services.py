@@ -968,6 +968,10 @@ class SparkDaemon(Daemon):
             # executors' scratch space (blocks, fetched files) stays under `base`
             "SPARK_LOCAL_DIRS": str(self.base / "local"),
             "SPARK_DAEMON_MEMORY": self.heap,
+            # C1 only and the serial collector: a daemon only schedules and watches, and
+            # starts in a third of the time (cluster start 12-15 s instead of 34-36 s
+            # at a load average of 17 on 2 cores); executors' JVMs are not affected
+            "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         }
 
     def start(self) -> SparkDaemon:
