@@ -6,12 +6,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from pg2sink import __version__
+from pg2sink.formats.config import Formatting
+from pg2sink.sinks.kafka.config import KafkaConfig
+from pg2sink.sinks.kafka.imports import KafkaImportTarget
 from tests.conftest import Database, KafkaStack, wait_for
 from tests.sinks.test_kafka import Reader, reader, start  # noqa: F401 (reader: a fixture)
+from tests.sinks.test_null import import_table
 from tests.support import Proc
 
 
@@ -100,3 +105,27 @@ def test_debezium_envelopes_keyed_by_the_key_struct(
     assert deleted["op"] == "d" and deleted["before"] == {"id": 7, "price": None, "at": None}
     assert tombstone.raw_key == insert.raw_key and tombstone.raw_value is None
     assert p.stop() == 0
+
+
+def test_imported_rows_are_debezium_snapshot_reads(
+    kafka_stack: KafkaStack,
+    topic_prefix: str,
+    reader: Callable[..., Reader],  # noqa: F811 (test_kafka's fixture, imported)
+) -> None:
+    """An import through the Kafka sink's import target: op r, source.snapshot "true"."""
+    table = import_table()
+    cfg = KafkaConfig(
+        bootstrap_servers=kafka_stack.bootstrap_servers,
+        topic_prefix=topic_prefix,
+        format="debezium",
+        formatting=Formatting(database="app"),
+    )
+    target = KafkaImportTarget(cfg).begin(table.schema)
+    batch = pa.RecordBatch.from_arrays([pa.array(["1", "2"]), pa.array(["a", None])], ["c0", "c1"])
+    assert target.write_rows(table, iter([batch])) == 2
+    got = reader(f"{topic_prefix}.public.t", avro=False).read(2)
+    events = sorted((json.loads(m.raw_value or b"") for m in got), key=lambda e: e["after"]["id"])
+    assert [e["op"] for e in events] == ["r", "r"]
+    assert [e["after"] for e in events] == [{"id": 1, "v": "a"}, {"id": 2, "v": None}]
+    assert {(e["source"]["snapshot"], e["source"]["db"]) for e in events} == {("true", "app")}
+    assert sorted(m.raw_key or b"" for m in got) == [b'{"id":1}', b'{"id":2}']
