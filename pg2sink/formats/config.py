@@ -69,9 +69,18 @@ def origin_of(dsn: str) -> tuple[str, str]:
     except Exception:  # an invalid DSN is the source's error to report, not this one's
         params = {}
     host = str(params.get("host") or os.environ.get("PGHOST") or "")
-    user = params.get("user") or os.environ.get("PGUSER") or getpass.getuser()
+    user = params.get("user") or os.environ.get("PGUSER") or _login()
     database = str(params.get("dbname") or os.environ.get("PGDATABASE") or user)
     return host, database
+
+
+def _login() -> str:
+    """The OS user name, libpq's default user; empty where the OS has none (a container
+    without a passwd entry)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
 
 
 def choose(sink: str, supported: tuple[str, ...], config: FormatConfig) -> str | None:
