@@ -25,12 +25,13 @@ from pg2sink.changelog import _cmodule
 from pg2sink.config import Group, LogConfig, SourceConfig, StreamConfig
 from pg2sink.errors import ConfigError, Pg2SinkError
 from pg2sink.formats.config import FormatConfig, Formatting, choose, origin_of
+from pg2sink.relay import command as relay_command
 from pg2sink.routing.config import RoutingConfig
 from pg2sink.sinks import registry
 
 log = logging.getLogger(__name__)
 
-COMMANDS = ("stream", "drop", "status", "migrate", "import")
+COMMANDS = ("stream", "drop", "status", "migrate", "import", "relay")
 EXIT_USAGE = 2
 
 # kept under their old names: tests and main() read a parsed namespace through them
@@ -77,13 +78,17 @@ _NAMED_SOURCE = options.options_of(
     SourceConfig, groups=[Group.SOURCE], omit=["tables", "exclude_tables"]
 )
 _LOGGING = options.options_of(LogConfig)
-#: every option of `pg2sink stream`: each sink's come from its registry entry
+#: every sink's options, from its registry entry (`pg2sink stream` and `pg2sink relay`)
+_SINKS = [
+    opt for e in registry.SINKS if e.config is not None for opt in options.options_of(e.config)
+]
+#: every option of `pg2sink stream`
 _STREAM = [
     *options.options_of(SourceConfig),
     *options.options_of(StreamConfig),
     *options.options_of(RoutingConfig),
     *options.options_of(FormatConfig),
-    *(opt for e in registry.SINKS if e.config is not None for opt in options.options_of(e.config)),
+    *_SINKS,
     *_LOGGING,
 ]
 #: `pg2sink stream --help`'s groups: the sinks' right after --sink's own
@@ -115,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     options.add_options(stream, _STREAM, _STREAM_GROUPS)
     _add_source_commands(sub)
+    relay_command.add_parser(sub, _SINKS, _SINK_GROUPS, _LOGGING)
     return parser
 
 
@@ -267,6 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             for line in status_cmd.request_imports(src, args.import_tables):
                 print(line)
+            return 0
+        if args.command == "relay":
+            relay_command.run(args)
             return 0
         if args.command == "drop":
             from pg2sink.service import run_drop

@@ -1,0 +1,76 @@
+"""`pg2sink relay`: its options and its run (docs/relay.md).
+
+Its options: the relay's own (config.RelayConfig), --sink and every sink's options as
+`pg2sink stream` has them (each sink writes in its default format), and logging. The
+registry of the consumed Avro topics is the Kafka sink's --schema-registry-url (and
+--schema-registry-config): the same registry serves both sides when the relay writes to
+Kafka again.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pg2sink import options
+from pg2sink.config import Group, StreamConfig
+from pg2sink.errors import ConfigError
+from pg2sink.options import Option
+from pg2sink.relay.config import GROUP, RelayConfig
+from pg2sink.sinks import registry
+from pg2sink.sinks.kafka.config import KafkaConfig
+
+__all__ = ["add_parser", "run"]
+
+_SINK = options.options_of(StreamConfig, groups=[Group.SINK], omit=["decode_only"])
+
+
+def add_parser(sub: Any, sinks: list[Option], groups: list[str], logging: list[Option]) -> None:
+    """The `relay` subcommand, with the sinks' options `sinks` under their `groups`."""
+    relay = sub.add_parser(
+        "relay",
+        help="relay pg2sink's Kafka topics (Avro) into another sink",
+        description="Consume the Avro topics pg2sink streams to Kafka (from one or several "
+        "databases) and write their changes to --sink. Consumer offsets are committed only "
+        "after the sink durably holds the changes before them (at-least-once; "
+        "docs/relay.md).",
+    )
+    options.add_options(
+        relay,
+        [*options.options_of(RelayConfig), *_SINK, *sinks, *logging],
+        [GROUP, Group.SINK, *groups, Group.LOGGING],
+    )
+
+
+def _sink(args: argparse.Namespace) -> Any:
+    """The chosen sink, not opened, from its options (checked as the stream checks them)."""
+    entry = registry.entry(args.sink or StreamConfig.sink)
+    config = None if entry.config is None else options.build(entry.config, args)
+    if isinstance(config, registry.Checked):
+        config.check()
+    return entry.create(config)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Relay until SIGINT or SIGTERM."""
+    cfg: RelayConfig = options.build(RelayConfig, args)
+    cfg.check()
+    kafka: KafkaConfig = options.build(KafkaConfig, args)  # registers the URL's secret
+    if not kafka.schema_registry_url:
+        raise ConfigError("pg2sink relay needs --schema-registry-url (the topics' registry)")
+    sink = _sink(args)
+    # confluent-kafka is the [kafka] extra: imported once the relay runs
+    try:
+        from pg2sink.relay.relay import Relay
+        from pg2sink.relay.schemas import Shapes
+    except ImportError as e:
+        raise ConfigError(f"pg2sink relay needs the kafka extra: {e}") from None
+    from pg2sink.subscription.loop import StopRequested
+
+    relay = Relay(cfg, sink, Shapes(kafka.schema_registry_url, kafka.registry.reveal()))
+    stop = StopRequested()
+    stop.install()
+    try:
+        relay.run(stop)
+    finally:
+        stop.uninstall()

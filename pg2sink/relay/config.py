@@ -1,0 +1,79 @@
+"""The relay's own options (`pg2sink relay`; docs/relay.md); the sink's come from its
+registry entry, the schema registry's from the Kafka sink's --schema-registry-url."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pg2sink.errors import ConfigError
+from pg2sink.options import flag, split_settings
+from pg2sink.sensitive import Settings
+
+GROUP = "relay (pg2sink relay)"
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """Where the relay reads from (docs/relay.md)."""
+
+    relay_bootstrap_servers: str = flag(
+        group=GROUP,
+        help="Kafka brokers of the topics to relay, host:port[,host:port...]",
+        names=("--from-kafka",),
+        metavar="SERVERS",
+        parse=str.strip,
+    )
+    relay_topics: str = flag(
+        "",
+        group=GROUP,
+        help="regular expression of the topics to relay (pg2sink's table topics, e.g. "
+        r"'(db1|db2)\..*'); matched against whole topic names, new topics too",
+        names=("--topics",),
+        metavar="PATTERN",
+    )
+    relay_group_id: str = flag(
+        "pg2sink-relay",
+        group=GROUP,
+        help="the consumer group whose committed offsets say what the sink holds",
+        names=("--group-id",),
+        metavar="GROUP",
+    )
+    relay_consumer: Settings = flag(  # noqa: RUF009 (a dataclasses.field())
+        factory=Settings,
+        group=GROUP,
+        help="librdkafka consumer setting (security.protocol, sasl.*, ssl.*...); repeatable",
+        names=("--relay-kafka-config",),
+        metavar="KEY=VALUE",
+        repeat=True,
+        split=split_settings,
+        build=Settings.parse,
+        secret=True,
+    )
+    relay_batch_size: int = flag(
+        5000,
+        group=GROUP,
+        help="most messages written to the sink between two offset commits",
+        metavar="N",
+        parse=_positive,
+    )
+
+    def check(self) -> None:
+        """ConfigError for what can be checked without a broker."""
+        if not self.relay_bootstrap_servers:
+            raise ConfigError("pg2sink relay needs --from-kafka SERVERS")
+        if not self.relay_topics:
+            raise ConfigError("pg2sink relay needs --topics PATTERN")
+        try:
+            re.compile(self.relay_topics)
+        except re.error as e:
+            raise ConfigError(
+                f"--topics {self.relay_topics!r} is no regular expression: {e}"
+            ) from None

@@ -1,0 +1,210 @@
+"""The relay's loop: a batch of messages into the sink, then its offsets committed.
+
+Per batch (at most --relay-batch-size messages, or what arrived within POLL_WAIT):
+
+1. each message's value is decoded (decode.Shape, its writer schema from the registry);
+   the first change of a table shape is preceded by the shape's Schema record, so the sink
+   creates or evolves the table before its rows; tombstones (null values) are skipped;
+2. a checkpoint follows every source transaction (a change of topic or xid, or a
+   sequence that does not grow), and the batch's end;
+3. the sink is flushed until it has acknowledged the batch's last checkpoint;
+4. only then the consumer's offsets (each partition's next message) are committed.
+
+A crash before 4 leaves the offsets where they were: the batch is consumed and written
+again (at-least-once). Nothing is committed that the sink does not durably hold.
+
+Checkpoints are not the records' LSNs: a sink keeps checkpoints as a growing mark (the
+Kafka sink acknowledges the highest one drained, the DuckDB sink drops a transaction
+whose checkpoint is not above what its file holds), and consumed LSNs do not grow: the
+sources' LSNs are unrelated, and even one source's changes come in commit order across
+partitions and topics, not in LSN order. `Marks` gives strictly growing numbers instead,
+microseconds since the epoch, which also grow over restarts of the relay (unless the
+clock goes back), so a sink never takes a new batch for one it holds already.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Message as KafkaMessage
+
+from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
+from pg2sink.relay.config import RelayConfig
+from pg2sink.relay.decode import Shape, schema_id
+from pg2sink.relay.schemas import Shapes
+from pg2sink.sinks.base import Sink, UsesSlot
+from pg2sink.subscription.loop import StopRequested
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Marks", "Relay", "consumer_settings"]
+
+#: longest wait of one consume() call, in seconds (a stop request is seen within it)
+POLL_WAIT = 0.5
+#: longest wait for the sink to acknowledge a batch, in seconds; then the relay stops
+#: with the batch's offsets uncommitted
+ACK_WAIT = 60.0
+#: how often the consumer looks for new topics matching --topics (librdkafka's default,
+#: five minutes, would leave a new table's topic unread that long)
+METADATA_REFRESH_MS = "10000"
+
+
+class Marks:
+    """Strictly growing checkpoints: microseconds since the epoch, one more than the last
+    when the clock has not moved on."""
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def next(self) -> int:
+        """The next checkpoint."""
+        self.last = max(self.last + 1, time.time_ns() // 1000)
+        return self.last
+
+
+def consumer_settings(cfg: RelayConfig) -> dict[str, str]:
+    """librdkafka's settings: the user's, then those the relay needs (it commits
+    itself, after the sink acknowledged)."""
+    settings = {
+        "client.id": "pg2sink-relay",
+        "auto.offset.reset": "earliest",
+        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
+        **cfg.relay_consumer.reveal(),
+    }
+    settings.update(
+        {
+            "bootstrap.servers": cfg.relay_bootstrap_servers,
+            "group.id": cfg.relay_group_id,
+            "enable.auto.commit": "false",
+            "enable.auto.offset.store": "false",
+        }
+    )
+    return settings
+
+
+class Relay:
+    """Consumes pg2sink's topics into `sink`; see the module docstring."""
+
+    def __init__(self, cfg: RelayConfig, sink: Sink, shapes: Shapes) -> None:
+        self.cfg = cfg
+        self.sink = sink
+        self.shapes = shapes
+        self.marks = Marks()
+        self.relayed = 0
+        #: the shape each table's Schema record was last written with
+        self._shapes: dict[tuple[str, str], Shape] = {}
+        #: (topic, xid, sequence) of the last change written
+        self._last: tuple[str, int, int] | None = None
+        self._consumer: Consumer | None = None
+
+    def run(self, stop: StopRequested) -> None:
+        """Relay until `stop` is requested (SIGINT, SIGTERM); the batch under way is
+        finished first."""
+        if isinstance(self.sink, UsesSlot):
+            # the DuckDB sink's row in pg2sink_state: one per consumer group
+            self.sink.use_slot(f"relay.{self.cfg.relay_group_id}")
+        try:
+            consumer = Consumer(consumer_settings(self.cfg))
+        except (KafkaException, TypeError, ValueError) as e:
+            raise ConfigError(f"invalid --relay-kafka-config: {e}") from None
+        self._consumer = consumer
+        try:
+            self.sink.open()
+            # librdkafka takes a topic starting with ^ as a regular expression
+            consumer.subscribe([f"^({self.cfg.relay_topics})$"])
+            log.info(
+                "pg2sink relay is relaying topics %r from %s (group %s)",
+                self.cfg.relay_topics,
+                self.cfg.relay_bootstrap_servers,
+                self.cfg.relay_group_id,
+            )
+            while not stop.requested:
+                batch = consumer.consume(self.cfg.relay_batch_size, POLL_WAIT)
+                if batch:
+                    self._relay(batch)
+        finally:
+            try:
+                self.sink.close()
+            finally:
+                consumer.close()
+                self.shapes.close()
+                log.info("pg2sink relay stopped: %d changes relayed", self.relayed)
+
+    def _relay(self, batch: list[KafkaMessage]) -> None:
+        """One batch: written, acknowledged by the sink, then its offsets committed."""
+        offsets: dict[tuple[str, int], int] = {}
+        for msg in batch:
+            error = msg.error()
+            if error is not None:
+                self._consumer_error(error)
+                continue
+            topic, value = msg.topic() or "", msg.value()
+            offsets[topic, msg.partition() or 0] = (msg.offset() or 0) + 1
+            if value is not None:  # a tombstone (--tombstones) repeats its DELETE's key
+                self._write(topic, value)
+        mark = self.marks.next()
+        self.sink.checkpoint(mark)
+        self._wait_for(mark)
+        self._commit(offsets)
+        log.debug("relayed %d messages; offsets committed", len(batch))
+
+    def _write(self, topic: str, value: bytes) -> None:
+        """One message's change, after its transaction's checkpoint and its shape's
+        Schema record when they are due."""
+        sid = schema_id(value)
+        if sid is None:
+            raise SinkError(
+                f"a message of topic {topic!r} is not in the Confluent wire format: the "
+                "relay reads pg2sink's Avro topics (--format avro); leave other topics out "
+                "of --topics"
+            )
+        shape = self.shapes.get(sid)
+        m = shape.modification(value)
+        last = self._last
+        if last is not None and (last[0] != topic or last[1] != m.xid or m.sequence <= last[2]):
+            # another transaction: the sink takes the one before as a whole
+            self.sink.checkpoint(self.marks.next())
+        self._last = (topic, m.xid, m.sequence)
+        table = (shape.namespace, shape.name)
+        if self._shapes.get(table) is not shape:
+            self.sink.write(shape.schema(m.timestamp, m.lsn))
+            self._shapes[table] = shape
+        self.sink.write(m)
+        self.relayed += 1
+
+    def _wait_for(self, mark: int) -> None:
+        """Flush until the sink acknowledges `mark`; SinkUnavailableError after ACK_WAIT."""
+        deadline = time.monotonic() + ACK_WAIT
+        while True:
+            acked = self.sink.flush()
+            if acked is not None and acked >= mark:
+                return
+            if time.monotonic() > deadline:
+                raise SinkUnavailableError(
+                    f"the sink did not accept a batch within {ACK_WAIT:.0f} s; its offsets "
+                    "are not committed (it is relayed again after a restart)"
+                )
+
+    def _commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Commit each partition's next offset, waiting for the broker's answer."""
+        assert self._consumer is not None
+        parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        if not parts:
+            return
+        try:
+            self._consumer.commit(offsets=parts, asynchronous=False)
+        except KafkaException as e:
+            raise SinkUnavailableError(
+                f"cannot commit the relay's offsets (the sink holds the batch; it is "
+                f"written again after a restart): {e}"
+            ) from None
+
+    def _consumer_error(self, error: KafkaError) -> None:
+        """A consumer error: the end of a partition is none; a fatal one stops."""
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        if error.fatal() or error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise SinkError(f"Kafka consumer failed: {error.str()}")
+        log.warning("Kafka consumer: %s", error.str())

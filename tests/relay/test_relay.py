@@ -1,0 +1,189 @@
+"""`pg2sink relay`: two databases stream to Kafka (Avro), one relay writes both into one
+DuckDB file, whose latest-state views equal both sources (docs/relay.md).
+
+Real servers only: the session's PostgreSQL (two databases, two slots), the Kafka broker
+and schema registry of `kafka_stack`, DuckDB. The tables have different names in the two
+databases: the DuckDB sink keys its tables by schema.table, so equal names would share
+one raw table (docs/relay.md says so).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from tests.conftest import (
+    Database,
+    KafkaStack,
+    Pg2Sink,
+    clean_env,
+    fresh_database,
+    pg2sink_for,
+    run_cli,
+    wait_for,
+)
+from tests.sinks.test_duckdb import duck_query, duck_rows, pg_rows
+from tests.sinks.test_kafka import kafka_args
+
+pytestmark = pytest.mark.slow
+
+
+def relay_proc(stack: KafkaStack, workdir: Path, *extra: str) -> Pg2Sink:
+    """A (not started) `pg2sink relay` reading `stack`'s broker and registry."""
+    args = ["relay", "--from-kafka", stack.bootstrap_servers]
+    args += ["--schema-registry-url", stack.registry_url, *extra]
+    return Pg2Sink(args=args, env=clean_env(), workdir=workdir)
+
+
+def wait_relaying(p: Pg2Sink) -> None:
+    def ready() -> bool:
+        assert p.proc is not None
+        if p.proc.poll() is not None:
+            raise AssertionError(f"relay exited {p.proc.returncode}:\n{p.stderr()}")
+        return "pg2sink relay is relaying" in p.stderr()
+
+    wait_for(ready, 30, "the relay to start")
+
+
+def lag(stack: KafkaStack, group: str, topics: list[str]) -> int:
+    """Messages in `topics` past `group`'s committed offsets (all of them if none)."""
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": group})
+    try:
+        parts = [TopicPartition(t, 0) for t in topics]
+        behind = 0
+        for tp in consumer.committed(parts, timeout=10):
+            _, high = consumer.get_watermark_offsets(tp, timeout=10)
+            behind += high - max(tp.offset, 0)
+        return behind
+    finally:
+        consumer.close()
+
+
+def caught_up(db: Database) -> None:
+    """The stream confirmed everything written so far: Kafka holds it."""
+    target = db.current_lsn()
+    wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= target, 60, "pg2sink to catch up")
+
+
+@pytest.fixture
+def second_db(pg_server: Any) -> Iterator[Database]:
+    with fresh_database(pg_server) as other:
+        yield other
+
+
+TABLE = "(id int PRIMARY KEY, name text, price numeric(10,2), at timestamptz, day date)"
+
+
+def workload(conn: psycopg.Connection[Any], table: str, base: int) -> int:
+    """Inserts, updates, a key change and deletes on `table`; the number of changes."""
+    conn.execute(
+        f"INSERT INTO {table} SELECT i, 'n' || i, i * 1.25, "
+        "'2026-11-24 05:00+00'::timestamptz + i * interval '1 minute', "
+        "date '2026-01-01' + i FROM generate_series(%s::int, %s::int) i",
+        (base, base + 19),
+    )
+    with conn.transaction():  # several changes in one transaction, two tables' worth
+        conn.execute(
+            f"UPDATE {table} SET name = name || '!' WHERE id %% 3 = 0 AND id BETWEEN %s AND %s",
+            (base, base + 19),
+        )
+        conn.execute(f"UPDATE {table} SET id = id + 1000 WHERE id = %s", (base + 1,))
+    conn.execute(f"DELETE FROM {table} WHERE id IN (%s, %s)", (base + 2, base + 4))
+    updated = len(range(base + (-base % 3), base + 20, 3))
+    return 20 + updated + 1 + 2
+
+
+def test_two_databases_fan_in_to_one_duckdb_file(
+    db: Database, second_db: Database, kafka_stack: KafkaStack, tmp_path: Path
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    prefixes = (f"ra{tag}", f"rb{tag}")
+    sources = ((db, "shop_a"), (second_db, "shop_b"))
+    conns = []
+    streams = []
+    for (source, table), prefix in zip(sources, prefixes, strict=True):
+        conn = source.connect()
+        conn.execute("SET TimeZone = 'UTC'")
+        conn.execute(f"CREATE TABLE {table} {TABLE}")
+        conns.append(conn)
+        p = pg2sink_for(source, tmp_path, *kafka_args(kafka_stack, prefix)).start()
+        p.wait_streaming()
+        streams.append(p)
+    changes = [workload(c, t, 1) for c, (_, t) in zip(conns, sources, strict=True)]
+    topics = [f"{prefixes[0]}.public.shop_a", f"{prefixes[1]}.public.shop_b"]
+    path = tmp_path / "fan-in.duckdb"
+    group = f"relay-{tag}"
+    relay = relay_proc(
+        kafka_stack,
+        tmp_path,
+        "--topics",
+        rf"({prefixes[0]}|{prefixes[1]})\..*",
+        "--group-id",
+        group,
+        "--sink",
+        "duckdb",
+        "--duckdb-path",
+        str(path),
+    )
+    try:
+        relay.start()
+        wait_relaying(relay)
+        for source, _ in sources:
+            caught_up(source)
+        wait_for(lambda: lag(kafka_stack, group, topics) == 0, 60, "the relay to commit")
+        # the offsets are committed: the file holds every change (the relay stops to let
+        # the test open it)
+        assert relay.stop() == 0, relay.stderr()
+        for conn, (_, table) in zip(conns, sources, strict=True):
+            assert duck_rows(path, f"public_{table}", "id") == pg_rows(conn, table, "id")
+        # a second run continues from the committed offsets: nothing is written twice
+        again = zip(changes, conns, sources, strict=True)
+        changes = [n + workload(c, t, 100) for n, c, (_, t) in again]
+        relay.start()
+        wait_relaying(relay)
+        for source, _ in sources:
+            caught_up(source)
+        wait_for(lambda: lag(kafka_stack, group, topics) == 0, 60, "the relay to commit")
+        assert relay.stop() == 0, relay.stderr()
+    finally:
+        for p in (*streams, relay):
+            if p.proc is not None and p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait(10)
+    for conn, (_, table), n in zip(conns, sources, changes, strict=True):
+        assert duck_rows(path, f"public_{table}", "id") == pg_rows(conn, table, "id")
+        assert duck_query(path, f"SELECT count(*) FROM public_{table}_raw") == [(n,)]
+    ((slot, mark),) = duck_query(path, "SELECT slot, lsn FROM pg2sink_state")
+    assert slot == f"relay.{group}" and mark > 0
+
+
+def test_relay_needs_its_options() -> None:
+    done = run_cli("relay", "--sink", "null", "--topics", "x")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "pg2sink: error: pg2sink relay needs --from-kafka SERVERS"
+    done = run_cli("relay", "--sink", "null", "--from-kafka", "b:1", "--topics", "(")
+    assert done.returncode == 2 and "--topics '(' is no regular expression" in done.stderr
+    done = run_cli("relay", "--sink", "null", "--from-kafka", "b:1", "--topics", "x")
+    assert done.stderr.strip() == (
+        "pg2sink: error: pg2sink relay needs --schema-registry-url (the topics' registry)"
+    )
+
+
+def test_relay_help_shows_the_sinks_options() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pg2sink", "relay", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=clean_env(),
+    ).stdout
+    for option in ("--from-kafka", "--topics", "--group-id", "--duckdb-path", "--nats-url"):
+        assert option in out
