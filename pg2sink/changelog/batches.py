@@ -24,7 +24,7 @@ from pg2sink.changelog.typemap import codec_for
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-__all__ = ["BatchDecoder", "ImportTable"]
+__all__ = ["BatchDecoder", "ImportTable", "write_modifications"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,29 @@ class BatchDecoder:
         ]
         for values in zip(*columns, strict=True):
             self._reference.decode(values)
+
+
+def write_modifications(
+    table: ImportTable,
+    batches: Iterator[pa.RecordBatch],
+    json_values: bool,
+    write: Callable[[Modification], None],
+    after_batch: Callable[[], None] | None = None,
+) -> int:
+    """An import partition through a sink's `write`: each row of the batches decoded
+    with the stream's converters (`json_values`: their JSON form) as its IMPORT
+    Modification, numbered from 0 within the partition; `after_batch()` after each
+    batch (a sink serving its acknowledgements as it goes). The number of rows."""
+    rows = BatchDecoder(table, json_values).rows
+    modification = table.modification
+    seq = 0
+    for batch in batches:
+        for row in rows(batch):
+            write(modification(seq, row))
+            seq += 1
+        if after_batch is not None:
+            after_batch()
+    return seq
 
 
 def _row_builder(names: tuple[str, ...]) -> Callable[..., dict[str, object]]:

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pg2sink.changelog.batches import BatchDecoder, ImportTable
+from pg2sink.changelog.batches import ImportTable, write_modifications
 from pg2sink.changelog.records import Schema
 from pg2sink.errors import ConfigError, SinkError
 from pg2sink.sinks.kafka.config import KafkaConfig
@@ -97,18 +97,13 @@ class KafkaImportTarget:
             else AvroFormat(KnownSchemaIds(dict(self.schema_ids)))
         )
         sink = KafkaSink(cfg, fmt)
-        rows = BatchDecoder(table, self.json_values).rows
-        modification = table.modification
         sink.open()
         try:
             sink.write(table.schema)
-            write = sink.write
-            seq = 0
-            for batch in batches:
-                for row in rows(batch):
-                    write(modification(seq, row))
-                    seq += 1
-                sink.start_flush()  # serve delivery reports as we go
+            # start_flush after each batch serves delivery reports as we go
+            seq = write_modifications(
+                table, batches, self.json_values, sink.write, sink.start_flush
+            )
             s = table.schema
             wait_acknowledged(sink, f"the import's messages of {s.namespace}.{s.name}")
         finally:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pg2sink.changelog.batches import BatchDecoder, ImportTable
+from pg2sink.changelog.batches import ImportTable, write_modifications
 from pg2sink.changelog.records import Schema
 from pg2sink.errors import SinkError
 from pg2sink.sinks.kinesis.config import KinesisConfig
@@ -55,17 +55,9 @@ class KinesisImportTarget:
     def write_rows(self, table: ImportTable, batches: Iterator[pa.RecordBatch]) -> int:
         """Put every row and wait until all are stored; the number of rows."""
         sink = self._open()
-        rows = BatchDecoder(table, json_values=True).rows
-        modification = table.modification
         try:
             sink.learn_table(table.schema)  # the driver put the Schema record once
-            write = sink.write
-            seq = 0
-            for batch in batches:
-                for row in rows(batch):
-                    write(modification(seq, row))
-                    seq += 1
-                sink.start_flush()
+            seq = write_modifications(table, batches, True, sink.write, sink.start_flush)
             s = table.schema
             _wait_stored(sink, f"the import's records of {s.namespace}.{s.name}")
         finally:

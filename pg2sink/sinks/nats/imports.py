@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pg2sink.changelog.batches import BatchDecoder, ImportTable
+from pg2sink.changelog.batches import ImportTable, write_modifications
 from pg2sink.changelog.records import Schema
 from pg2sink.sinks.nats.config import NatsConfig
 
@@ -56,17 +56,10 @@ class NatsImportTarget:
         from pg2sink.sinks.nats.sink import NatsSink
 
         sink = NatsSink(self.cfg, schemas=False)
-        rows = BatchDecoder(table, self.json_values).rows
-        modification = table.modification
         sink.open()
         try:
             sink.write(table.schema)
-            write = sink.write
-            seq = 0
-            for batch in batches:
-                for row in rows(batch):
-                    write(modification(seq, row))
-                    seq += 1
+            seq = write_modifications(table, batches, self.json_values, sink.write)
             s = table.schema
             sink.publish_all(f"the import's messages of {s.namespace}.{s.name}")
         finally:
