@@ -271,6 +271,7 @@ def test_fenced_pg2sink_exits_non_zero(
             time.sleep(0.2)
         assert first.proc.returncode == 2, first.stderr()  # a SinkError
         assert "another producer took over Kafka transactional id" in first.stderr()
+        assert "Traceback" not in first.stderr()  # closing the fenced producer, say
         caught_up(db, second, f"{db.slot}_2")
         assert second.stop() == 0
     finally:

@@ -110,6 +110,8 @@ class ExactlyOnceKafkaSink(KafkaSink):
         self._skipped = 0
         self._commit_wanted = False
         self._last_commit = 0.0
+        #: another producer took the transactional id over (a SinkError was raised)
+        self._fenced_out = False
 
     def use_slot(self, slot: str) -> None:
         """The replication slot (sinks/base.UsesSlot): the default transactional id."""
@@ -289,13 +291,17 @@ class ExactlyOnceKafkaSink(KafkaSink):
     def close(self) -> None:
         """Abort a transaction left open (changes after the last checkpoint), then close."""
         producer = self._producer
-        if producer is not None and self._in_transaction:
+        if producer is not None and self._in_transaction and not self._fenced_out:
             producer.purge(in_queue=True, in_flight=False, blocking=False)
             try:
                 producer.abort_transaction(5.0)
             except KafkaException as e:
                 log.debug("abort at close: %s", reason(e))
             self._in_transaction = self._direct = False
+        if self._fenced_out:
+            # it accepts nothing more, and its flush may fail inside librdkafka's binding
+            # (SystemError, seen): dropped, so the SinkError that fenced it is what shows
+            self._producer = None
         super().close()
 
     # -- failures --------------------------------------------------------------------
@@ -317,6 +323,7 @@ class ExactlyOnceKafkaSink(KafkaSink):
 
     def _fenced(self, error: KafkaError) -> SinkError:
         self._failure = None
+        self._fenced_out = True
         return SinkError(
             f"another producer took over Kafka transactional id {self.transactional_id!r} "
             f"({error.str()}): this pg2sink stops without writing more"
