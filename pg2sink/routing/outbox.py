@@ -22,11 +22,11 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pg2sink.errors import ConfigError
 from pg2sink.logical.messages import Relation
 from pg2sink.publication.patterns import TablePattern, compile_pattern
+from pg2sink.sinks.base import PublishesMessages
 
 __all__ = ["OutboxColumns", "OutboxRule", "Publisher", "check_sink", "publisher_for"]
 
@@ -164,32 +164,7 @@ def publisher_for(sink: object) -> Publisher:
     - NATS: to the subject `<--nats-subject-prefix>.<the row's topic>` (inside the
       sink's JetStream stream), Nats-Msg-Id `<lsn>:<subject>`; NATS messages have no key.
 
-    The sinks' private members: a public `publish` of each sink is the step that remains
-    (docs/routing.md)."""
-    # by module name: importing the sinks' classes would import their client libraries
-    kind = type(sink).__module__
-    if kind == "pg2sink.sinks.kafka.sink":
-        return _kafka(sink)
-    if kind == "pg2sink.sinks.nats.sink":
-        return _nats(sink)
+    Each is the sink's `publish` (sinks/base.PublishesMessages)."""
+    if isinstance(sink, PublishesMessages):
+        return sink.publish
     raise ConfigError(_UNSUPPORTED)
-
-
-def _kafka(sink: Any) -> Publisher:
-    check, produce = sink._topics.check, sink._produce
-
-    def publish(topic: str, key: bytes | None, value: bytes, headers: Headers, lsn: int) -> None:
-        check(sink._producer, topic)
-        produce(topic, key, value, [("lsn", b"%d" % lsn), *headers])
-
-    return publish
-
-
-def _nats(sink: Any) -> Publisher:
-    prefix, put = sink.cfg.nats_subject_prefix, sink._put
-
-    def publish(topic: str, key: bytes | None, value: bytes, headers: Headers, lsn: int) -> None:
-        subject = f"{prefix}.{topic}"
-        put(subject, value, f"{lsn}:{subject}")
-
-    return publish

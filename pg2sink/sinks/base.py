@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from pg2sink.changelog.records import Record
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
     from datetime import datetime
 
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -100,6 +100,22 @@ class WritesRawRows(Protocol):
     sink's C encoder): ChangelogBuilder's `raw_writers`."""
 
     def raw_row_writer(self, namespace: str, name: str) -> RawRowWriter | None: ...
+
+
+@runtime_checkable
+class PublishesMessages(Protocol):
+    """A message sink that publishes a message to a destination the data names (the
+    outbox, routing/outbox.py): Kafka to that topic, NATS to that subject under its
+    prefix. Through the sink's own producer, so that its acknowledgements cover them."""
+
+    def publish(
+        self,
+        destination: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes | None]],
+        lsn: int,
+    ) -> None: ...
 
 
 class ImportTarget(Protocol):

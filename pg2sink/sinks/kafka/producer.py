@@ -1,5 +1,5 @@
 """The Kafka sink's producer settings: the user's --kafka-config checked against what
-pg2sink's guarantees rest on, and librdkafka's log and error text."""
+pg2sink's guarantees rest on; librdkafka's log, its errors by what they mean, their text."""
 
 from __future__ import annotations
 
@@ -11,7 +11,16 @@ from confluent_kafka import KafkaError
 from pg2sink.errors import ConfigError
 from pg2sink.sinks.kafka.config import KafkaConfig
 
-__all__ = ["REQUIRED_SETTINGS", "LibrdkafkaLog", "producer_settings", "reason"]
+__all__ = [
+    "HOW_TO_RAISE_LIMITS",
+    "REQUIRED_SETTINGS",
+    "TERMINAL",
+    "TOO_LARGE",
+    "TROUBLE",
+    "LibrdkafkaLog",
+    "producer_settings",
+    "reason",
+]
 
 #: Producer settings pg2sink's guarantees rest on: no duplicates from librdkafka's own
 #: retries, no reordering, and an ack only once every in-sync replica has the message;
@@ -81,3 +90,39 @@ def reason(e: BaseException) -> str:
     if isinstance(arg, KafkaError):
         return str(arg.str())
     return str(e)
+
+
+# librdkafka errors (error_cb) that may mean "Kafka is unreachable": health.BrokerHealth
+# looks before it concludes, and logs each change of state once.
+TROUBLE = frozenset(
+    (
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TRANSPORT,
+        KafkaError._RESOLVE,
+        KafkaError._AUTHENTICATION,
+        KafkaError._SSL,
+    )
+)
+
+# Delivery errors that the same message would hit again after a reconnect.
+TERMINAL = frozenset(
+    (
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError._INVALID_ARG,
+    )
+)
+
+TOO_LARGE = frozenset((KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE))
+
+#: Both limits a large message meets: the producer's own check, then the broker's.
+HOW_TO_RAISE_LIMITS = (
+    "raise the producer's limit with --kafka-config message.max.bytes=BYTES (default "
+    "1000000) and the broker's, the topic setting max.message.bytes (default: the "
+    "broker's message.max.bytes, 1048588), above the message's size; the change stays "
+    "unconfirmed and is sent again after a restart"
+)

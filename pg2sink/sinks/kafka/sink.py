@@ -48,9 +48,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -65,7 +66,15 @@ from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.config import KafkaConfig
 from pg2sink.sinks.kafka.formats import Format, TableFormat, message_format
 from pg2sink.sinks.kafka.health import PROBE_WAIT, BrokerHealth
-from pg2sink.sinks.kafka.producer import LibrdkafkaLog, producer_settings, reason
+from pg2sink.sinks.kafka.producer import (
+    HOW_TO_RAISE_LIMITS,
+    TERMINAL,
+    TOO_LARGE,
+    TROUBLE,
+    LibrdkafkaLog,
+    producer_settings,
+    reason,
+)
 from pg2sink.sinks.kafka.topic_check import TopicCheck
 from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
 
@@ -84,43 +93,8 @@ ROOM_WAIT = 0.002
 #: Longest wait at close() for messages still in flight, in seconds.
 CLOSE_WAIT = 10.0
 
-# librdkafka errors (error_cb) that may mean "Kafka is unreachable": health.BrokerHealth
-# looks before it concludes, and logs each change of state once.
-_TROUBLE = frozenset(
-    (
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._TRANSPORT,
-        KafkaError._RESOLVE,
-        KafkaError._AUTHENTICATION,
-        KafkaError._SSL,
-    )
-)
-
-# Delivery errors that the same message would hit again after a reconnect.
-_TERMINAL = frozenset(
-    (
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.RECORD_LIST_TOO_LARGE,
-        KafkaError.INVALID_RECORD,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError.TOPIC_EXCEPTION,
-        KafkaError._INVALID_ARG,
-    )
-)
-
 #: the operation header of each operation
 _OPERATION_HEADERS = {op: ("operation", op.value.encode()) for op in Operation}
-
-_TOO_LARGE = frozenset((KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE))
-
-#: Both limits a large message meets: the producer's own check, then the broker's.
-_HOW_TO_RAISE_LIMITS = (
-    "raise the producer's limit with --kafka-config message.max.bytes=BYTES (default "
-    "1000000) and the broker's, the topic setting max.message.bytes (default: the "
-    "broker's message.max.bytes, 1048588), above the message's size; the change stays "
-    "unconfirmed and is sent again after a restart"
-)
 
 
 class KafkaSink:
@@ -313,6 +287,20 @@ class KafkaSink:
 
     # -- producing -------------------------------------------------------------------
 
+    def publish(
+        self,
+        destination: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes | None]],
+        lsn: int,
+    ) -> None:
+        """An outbox message (base.PublishesMessages) to topic `destination`, checked like
+        the sink's own topics, with an `lsn` header (a None header: one without value)."""
+        self._topics.check(self._producer, destination)
+        all_headers = cast(list[tuple[str, bytes]], [("lsn", b"%d" % lsn), *headers])
+        self._produce(destination, key, value, all_headers)
+
     def _produce(
         self,
         topic: str,
@@ -408,7 +396,7 @@ class KafkaSink:
             if self._failure is None:
                 self._failure = error
             log.error("Kafka producer failed: %s", error.str())
-        elif error.code() in _TROUBLE:
+        elif error.code() in TROUBLE:
             self._health.trouble(error.str())
         elif error.str() not in self._reported:
             # once until deliveries succeed again: librdkafka repeats errors while they last
@@ -479,9 +467,9 @@ class KafkaSink:
 
     def _error(self, error: KafkaError, topic: str) -> SinkError:
         text = f"Kafka did not accept a message for topic {topic!r}: {error.str()}"
-        if error.code() in _TOO_LARGE:
-            return SinkError(f"{text} ({self._failed_size:,} bytes): {_HOW_TO_RAISE_LIMITS}")
-        if error.code() in _TERMINAL:
+        if error.code() in TOO_LARGE:
+            return SinkError(f"{text} ({self._failed_size:,} bytes): {HOW_TO_RAISE_LIMITS}")
+        if error.code() in TERMINAL:
             return SinkError(text)
         return SinkUnavailableError(
             f"{text}; resending from the last confirmed position (at-least-once)"

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Message, Modification, Operation, Record, Schema, Truncation
@@ -168,6 +169,20 @@ class NatsSink:
             if self._schemas:
                 msg_id = f"{record.lsn}:{table.schema_subject}"
                 self._put(table.schema_subject, self._payload.schema(record), msg_id)
+
+    def publish(
+        self,
+        destination: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes | None]],
+        lsn: int,
+    ) -> None:
+        """An outbox message (base.PublishesMessages): to the subject `<prefix>.<destination>`
+        (inside the sink's stream), Nats-Msg-Id `<lsn>:<subject>`; NATS messages have no
+        key, and headers are refused at start (routing/outbox.check_sink)."""
+        subject = f"{self.cfg.nats_subject_prefix}.{destination}"
+        self._put(subject, value, f"{lsn}:{subject}")
 
     def _put(self, subject: str, payload: bytes, msg_id: str | None) -> None:
         batch = self._batch
