@@ -165,6 +165,48 @@ def test_two_databases_fan_in_to_one_duckdb_file(
     assert slot == f"relay.{group}" and mark > 0
 
 
+def test_a_kill_9_loses_nothing(db: Database, kafka_stack: KafkaStack, tmp_path: Path) -> None:
+    """The relay killed while it writes: the committed offsets never pass what the file
+    holds, so a restart completes the view (changes may repeat in the raw table)."""
+    prefix, group = f"rk{uuid.uuid4().hex[:8]}", f"relay-{uuid.uuid4().hex[:8]}"
+    conn = db.connect()
+    conn.execute(f"CREATE TABLE shop_k {TABLE}")
+    stream = pg2sink_for(db, tmp_path, *kafka_args(kafka_stack, prefix)).start()
+    path = tmp_path / "killed.duckdb"
+    relay = relay_proc(
+        kafka_stack, tmp_path, "--topics", rf"{prefix}\..*", "--group-id", group,
+        "--relay-batch-size", "50", "--sink", "duckdb", "--duckdb-path", str(path),
+        # the killed member leaves the group when its session times out (default 45 s)
+        "--relay-kafka-config", "session.timeout.ms=6000",
+    )  # fmt: skip
+    topics = [f"{prefix}.public.shop_k"]
+    try:
+        stream.wait_streaming()
+        for i in range(0, 3000, 10):  # 300 transactions of 10 rows
+            conn.execute(
+                "INSERT INTO shop_k (id, name) SELECT i, 'n' FROM generate_series(%s::int, %s) i",
+                (i, i + 9),
+            )
+        caught_up(db)
+        relay.start()
+        wait_for(lambda: lag(kafka_stack, group, topics) < 3000, 60, "the relay to commit")
+        relay.kill()
+        left = lag(kafka_stack, group, topics)
+        assert 0 < left < 3000
+        relay.start()
+        wait_relaying(relay)
+        wait_for(lambda: lag(kafka_stack, group, topics) == 0, 60, "the relay to commit")
+        assert relay.stop() == 0, relay.stderr()
+    finally:
+        for p in (stream, relay):
+            if p.proc is not None and p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait(10)
+    assert duck_rows(path, "public_shop_k", "id") == pg_rows(conn, "shop_k", "id")
+    ((raw,),) = duck_query(path, "SELECT count(DISTINCT _pg2sink_lsn) FROM public_shop_k_raw")
+    assert raw == 3000
+
+
 def test_relay_needs_its_options() -> None:
     done = run_cli("relay", "--sink", "null", "--topics", "x")
     assert done.returncode == 2
