@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 
+from pg2sink.sinks.kinesis.config import KinesisConfig
+from pg2sink.sinks.kinesis.imports import KinesisImportTarget
 from tests.conftest import Database, wait_for
-from tests.sinks.test_kinesis import create_stream, read_stream, start
+from tests.sinks.test_kinesis import aws_env, create_stream, read_stream, start  # noqa: F401
+from tests.sinks.test_null import import_table
 from tests.support import Proc
 from tests.test_services import kinesis_client
 
@@ -60,3 +64,23 @@ def test_pg_kinesis_records_on_the_stream(
     assert records[2]["columns"]["id"] == {"old": {"q": "false", "t": "integer", "v": "1"}}
     wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= written, 30, "the slot to pass them")
     assert p.stop() == 0
+
+
+def test_imported_rows_in_a_seed_format_without_the_schema_record(
+    aws_env: None,  # noqa: F811 (test_kinesis's fixture, imported)
+    kinesis_endpoint: str,
+    one_shard: str,
+) -> None:
+    """The import target puts only the rows, as INSERTs of wal-listener's shape."""
+    table = import_table()
+    cfg = KinesisConfig(one_shard, kinesis_endpoint=kinesis_endpoint, format="wal-listener")
+    target = KinesisImportTarget(cfg).begin(table.schema)
+    batch = pa.RecordBatch.from_arrays([pa.array(["1", "2"]), pa.array(["a", None])], ["c0", "c1"])
+    assert target.write_rows(table, iter([batch])) == 2
+    got = read_stream(kinesis_client(kinesis_endpoint), one_shard)
+    events = [json.loads(data) for _, _, data in got]
+    assert [(e["action"], e["data"]) for e in events] == [
+        ("INSERT", {"id": "1", "v": "a"}),  # int8: a string in wal-listener's data
+        ("INSERT", {"id": "2", "v": None}),
+    ]
+    assert [k for _, k, _ in got] == ['{"id":1}', '{"id":2}']

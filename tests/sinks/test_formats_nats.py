@@ -8,10 +8,15 @@ import json
 import uuid
 from datetime import UTC, datetime
 
+import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 
+from pg2sink.formats.config import Formatting
+from pg2sink.sinks.nats.config import NatsConfig
+from pg2sink.sinks.nats.imports import NatsImportTarget
 from tests.conftest import Database, wait_for
 from tests.sinks.test_nats import _delete_stream, start, stored
+from tests.sinks.test_null import import_table
 from tests.support import Proc
 
 
@@ -82,3 +87,27 @@ def test_a_format_the_sink_does_not_take_is_one_line_exit_2() -> None:
     ]
     res = run_cli("--sink", "file", "--format", "json")
     assert res.returncode == 2 and "--format is for --sink kafka, nats or kinesis" in res.stderr
+
+
+def test_imported_rows_in_a_seed_format(nats_url: str, topic_prefix: str) -> None:
+    """The import target's rows, as psql-streamer inserts naming the source; the Schema
+    record stays pg2sink's JSON on its own subject."""
+    table = import_table()
+    cfg = NatsConfig(
+        nats_url=nats_url,
+        nats_subject_prefix=topic_prefix,
+        format="psql-streamer",
+        formatting=Formatting(host="db1", database="app"),
+    )
+    try:
+        target = NatsImportTarget(cfg).begin(table.schema)
+        batch = pa.RecordBatch.from_arrays([pa.array(["1"]), pa.array(["a"])], ["c0", "c1"])
+        assert target.write_rows(table, iter([batch])) == 1
+        got = {m.subject: json.loads(m.data) for m in stored(nats_url, topic_prefix)}
+        subject = f"{topic_prefix}.public.t"
+        assert got[f"{subject}.schema"]["kind"] == "schema"
+        event = got[subject]
+        assert (event["Host"], event["Database"], event["Table"]) == ("db1", "app", "t")
+        assert (event["Action"], event["Columns"]) == ("insert", {"id": 1, "v": "a"})
+    finally:
+        asyncio.run(_delete_stream(nats_url, topic_prefix))
