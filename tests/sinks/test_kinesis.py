@@ -62,9 +62,9 @@ if TYPE_CHECKING:
     from mypy_boto3_kinesis.type_defs import PutRecordsRequestEntryTypeDef
 
 T = datetime(2026, 11, 24, 4, 30, 0, 123456, tzinfo=UTC)
-#: kinesalite's dummy credentials (services.KINESIS_CLIENT_ENV) with a secret key that is
-#: not a word of pg2sink's log lines: the sink redacts the secret key wherever it appears
-AWS_ENV = {**services.KINESIS_CLIENT_ENV, "AWS_SECRET_ACCESS_KEY": "kinesalite-dummy-secret"}
+#: kinesalite's dummy credentials; their secret key is no word of pg2sink's log lines (the
+#: sink redacts the secret key wherever it appears)
+AWS_ENV = services.KINESIS_CLIENT_ENV
 
 
 # --- PutRecords responses as the AWS API reference shows them ---------------------------
