@@ -1,8 +1,9 @@
 # pg2sink with every sink and Spark imports (docker-compose.yml builds it).
 #
 # The build stage compiles the wheel, with the Kafka sink's C Avro encoder, and fetches
-# the PostgreSQL JDBC driver; the image installs the wheel with the kafka and spark
-# extras and a Java runtime for Spark, so imports work as they do outside Docker.
+# the PostgreSQL JDBC driver; the image installs the wheel with the extras of every sink
+# (kafka, nats, kinesis, duckdb) and spark, and a Java runtime for Spark, so every sink
+# and imports work as they do outside Docker.
 # No Docker engine runs in CI: tests/test_packaging.py builds a wheel from exactly the
 # files this build stage copies, installs it in a fresh virtualenv and streams with it.
 
@@ -28,7 +29,7 @@ RUN mkdir -p /usr/share/man/man1 \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /dist /tmp/dist
-RUN pip install --no-cache-dir "$(echo /tmp/dist/pg2sink-*.whl)[kafka,spark]" \
+RUN pip install --no-cache-dir "$(echo /tmp/dist/pg2sink-*.whl)[kafka,nats,kinesis,duckdb,spark]" \
     && rm -rf /tmp/dist
 COPY --from=build /jdbc/postgresql.jar /opt/pg2sink/postgresql.jar
 ENV PG2SINK_JDBC_DRIVER=/opt/pg2sink/postgresql.jar
