@@ -22,9 +22,11 @@ its keys) of column -> {"new": V, "old": V}, each V a map {"q", "t", "v"}:
   TOASTed value), q "false" where test_decoding writes the value unquoted (numbers,
   booleans, null, unchanged TOAST) and "true" else: all strings, as pg_kinesis wrote them.
 
-Where pg2sink differs (docs/formats.md): time is the commit time; v is base.pg_text's
-(PostgreSQL's own text for numbers, text, dates, timestamps, bytea; pg2sink's JSON for
-arrays, ISO 8601 for intervals); imported rows are INSERTs; TRUNCATE has no columns.
+Where pg2sink differs (docs/formats.md): the Kinesis sink's partition key is the row's
+key (pg_kinesis put the table's name, `PartitionKey: pr.Relation`); time is the commit
+time; v is base.pg_text's (PostgreSQL's own text for numbers, text, dates, timestamps,
+bytea; pg2sink's JSON for arrays, ISO 8601 for intervals); imported rows are INSERTs;
+TRUNCATE has no columns.
 """
 
 from __future__ import annotations
