@@ -69,8 +69,11 @@ assert them: the exit code is 0 unless something broke.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import io
+import json
+import os
 import pstats
 import re
 import resource
@@ -83,10 +86,15 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import boto3
+import duckdb
+import nats
 import psycopg
 from common import (
+    MODIFICATION_MARK,
     POLL_SECONDS,
     ROW_EXPRESSIONS,
     TABLE,
@@ -101,12 +109,12 @@ from common import (
     create_publication,
     current_lsn,
     drop_slot,
+    kafka_sink_args,
     load_services,
     machine_info,
     pg2sink_argv,
     pg_binary,
     run_benchmark,
-    sink_args,
     slot_state,
     start_kafka,
     start_postgres,
@@ -118,10 +126,12 @@ from common import (
 )
 from psycopg import sql
 
+from pg2sink.sinks.registry import names as registered_sinks
+
 PUBLICATION = "bench_pub"
 RECVLOGICAL_SLOT = "bench_recvlogical"  # runs use bench_recvlogical_1..N
 PG2SINK_SLOT = "bench_pg2sink"  # runs use bench_pg2sink_1..N
-PG2SINK_KAFKA_SLOT = "bench_pg2sink_kafka"  # --sink kafka|both: bench_pg2sink_kafka_1..N
+# --sink S (other than file): bench_pg2sink_S_1..N (sink_slot_prefix)
 DEFAULT_REPEAT = 3
 
 FULL_INSERT_ROWS = 500_000
@@ -132,6 +142,23 @@ SMALL_TXNS_PER_ROUND_TRIP = 100
 
 TARGET_RATIO = 0.8
 TARGET_RATIO_KAFKA = 0.6
+
+#: The sinks this bench runs and checks, with each one's ratio target over
+#: pg_recvlogical (None: reported, no target: kinesalite's own pace bounds it).
+SINK_RATIO_TARGETS: dict[str, float | None] = {
+    "file": TARGET_RATIO,
+    "kafka": TARGET_RATIO_KAFKA,
+    "null": 1.2,
+    "nats": 0.8,
+    "kinesis": None,
+    "duckdb": 0.8,
+}
+#: `--sink both`, as before the list of sinks
+BOTH = ("file", "kafka")
+#: Shards of the Kinesis stream pg2sink creates for each run (--kinesis-create-stream)
+KINESIS_SHARDS = 4
+#: Longest the Kinesis output check may read the stream before it gives up (and says so)
+KINESIS_COUNT_SECONDS = 120.0
 
 
 # --- schema and workload -----------------------------------------------------
@@ -181,6 +208,33 @@ class Workload:
 
 def slot_name(prefix: str, run: int) -> str:
     return f"{prefix}_{run}"
+
+
+def sink_slot_prefix(sink: str) -> str:
+    """The slot prefix of pg2sink's runs with `sink` (the file sink's is the original one)."""
+    return PG2SINK_SLOT if sink == "file" else f"{PG2SINK_SLOT}_{sink}"
+
+
+def consumer_name(sink: str) -> str:
+    """The Consumer.name of pg2sink's runs with `sink` ("pg2sink" for the file sink)."""
+    return "pg2sink" if sink == "file" else f"pg2sink {sink}"
+
+
+def parse_sinks(text: str) -> list[str]:
+    """`--sink`: a comma-separated list of registered sinks this bench knows; `both` is
+    file,kafka."""
+    sinks = list(BOTH) if text == "both" else [s.strip() for s in text.split(",") if s.strip()]
+    registered = set(registered_sinks())
+    for sink in sinks:
+        if sink not in registered:
+            raise BenchError(
+                f"--sink {sink}: not a registered sink ({', '.join(sorted(registered))})"
+            )
+        if sink not in SINK_RATIO_TARGETS:
+            raise BenchError(f"--sink {sink}: this bench does not know how to check its output")
+    if not sinks or len(set(sinks)) != len(sinks):
+        raise BenchError(f"--sink {text!r}: name each sink once")
+    return sinks
 
 
 def setup_schema(conn: Conn, repeat: int, prefixes: Sequence[str]) -> None:
@@ -397,6 +451,178 @@ def run_recvlogical(
     )
 
 
+# --- the sinks' servers and output ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The servers this bench started for the chosen sinks (None: that sink not chosen)."""
+
+    kafka: KafkaTarget | None = None
+    nats: Any = None  # services.NatsServer
+    kinesis: Any = None  # services.Kinesalite
+
+
+def start_targets(
+    services: ModuleType, tmp: Path, stack: contextlib.ExitStack, sinks: Sequence[str]
+) -> Targets:
+    """Start, in `tmp`, the servers `sinks` write to; each is destroyed when `stack` closes.
+
+    Fresh servers, not the ones of .services/env: a run's stream or topic is then the
+    only one on its server, and the tests sharing that server do not compete with it.
+    """
+    kafka = start_kafka(services, tmp, stack) if "kafka" in sinks else None
+    if kafka is not None:
+        print("warming up the broker (400,000 messages to a scratch topic) ...", flush=True)
+        print(f"broker warmed up in {warm_up_broker(kafka):.1f} s", flush=True)
+    nats_server = kinesis = None
+    if "nats" in sinks:
+        print(f"starting nats-server (JetStream) in {tmp} ...", flush=True)
+        nats_server = services.NatsServer(base=tmp / "nats", port=services.free_port())
+        stack.callback(nats_server.destroy)
+        nats_server.start()
+    if "kinesis" in sinks:
+        print(f"starting kinesalite in {tmp} ...", flush=True)
+        kinesis = services.Kinesalite(base=tmp / "kinesis", port=services.free_port())
+        stack.callback(kinesis.destroy)
+        kinesis.start()
+        # kinesalite checks that requests are signed, not by whom; pg2sink inherits these
+        for key, value in services.KINESIS_CLIENT_ENV.items():
+            os.environ.setdefault(key, value)
+    return Targets(kafka=kafka, nats=nats_server, kinesis=kinesis)
+
+
+@dataclass(frozen=True)
+class SinkRun:
+    """Where one pg2sink run writes: its --sink options and what its output check reads."""
+
+    sink: str
+    args: list[str]
+    path: Path  # the file sink's file, DuckDB's database (unused by the other sinks)
+    name: str  # Kafka topic, NATS subject, Kinesis stream ("" for file, duckdb, null)
+    server_pid: int | None  # the server's pid, to read its CPU seconds around the run
+
+
+def plan_sink_run(sink: str, run: int, tmp: Path, targets: Targets) -> SinkRun:
+    """pg2sink's --sink options for run `run`; a fresh topic, subject or stream per run."""
+    prefix = f"bench{run}_{uuid.uuid4().hex[:8]}"
+    if sink == "file":
+        out = tmp / f"pg2sink_{run}.jsonl"
+        return SinkRun(sink, ["--sink", "file", "--file-path", str(out)], out, "", None)
+    if sink == "kafka":
+        assert targets.kafka is not None
+        args = kafka_sink_args(targets.kafka, prefix)
+        topic = f"{prefix}.public.{TABLE}"
+        return SinkRun(sink, args, tmp, topic, targets.kafka.broker_pid)
+    if sink == "nats":
+        url, pid = str(targets.nats.url), targets.nats.pid()
+        args = ["--sink", "nats", "--nats-url", url, "--nats-subject-prefix", prefix]
+        return SinkRun(sink, args, tmp, f"{prefix}.public.{TABLE}", pid)
+    if sink == "kinesis":
+        endpoint, pid = str(targets.kinesis.url), targets.kinesis.pid()
+        args = ["--sink", "kinesis", "--kinesis-stream", prefix, "--kinesis-endpoint", endpoint]
+        args += ["--kinesis-region", "us-east-1", "--kinesis-create-stream", str(KINESIS_SHARDS)]
+        return SinkRun(sink, args, tmp, prefix, pid)
+    if sink == "duckdb":
+        db = tmp / f"pg2sink_{run}.duckdb"
+        return SinkRun(sink, ["--sink", "duckdb", "--duckdb-path", str(db)], db, "", None)
+    if sink == "null":
+        return SinkRun(sink, ["--sink", "null"], tmp, "", None)
+    raise BenchError(f"--sink {sink}: no output check")
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a run left in its sink: the changes counted there (None: not counted, `note`
+    says why), its size in bytes and how both were measured."""
+
+    changes: int | None
+    bytes: int
+    note: str
+
+
+async def _nats_subject_state(url: str, stream: str, subject: str) -> tuple[int, int]:
+    """(messages on `subject`, bytes of the whole stream) from JetStream's stream info."""
+    nc = await nats.connect(url)
+    try:
+        info = await nc.jetstream().stream_info(stream, subjects_filter=subject)
+    finally:
+        await nc.close()
+    return (info.state.subjects or {}).get(subject, 0), info.state.bytes
+
+
+def kinesis_record_count(endpoint: str, stream: str, budget: float) -> tuple[int, int] | None:
+    """(Modification records, data bytes of all) over every shard of `stream`, read from
+    TRIM_HORIZON with GetRecords; None when that takes longer than `budget` seconds.
+
+    The JSON-lines records include the table's Schema record: only Modifications count.
+    """
+    client = boto3.client("kinesis", endpoint_url=endpoint, region_name="us-east-1")
+    deadline = time.monotonic() + budget
+    records = size = 0
+    for shard in client.list_shards(StreamName=stream)["Shards"]:
+        iterator: str | None = client.get_shard_iterator(
+            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        while iterator:
+            if time.monotonic() > deadline:
+                return None
+            got = client.get_records(ShardIterator=iterator, Limit=10_000)
+            if not got["Records"]:  # the shard's end: pg2sink has stopped writing
+                break
+            records += sum(MODIFICATION_MARK in r["Data"] for r in got["Records"])
+            size += sum(len(r["Data"]) for r in got["Records"])
+            iterator = got.get("NextShardIterator")
+    return records, size
+
+
+def duckdb_raw_rows(path: Path) -> int:
+    """Rows of the bench table's raw changelog table (its name from pg2sink_tables)."""
+    with duckdb.connect(str(path), read_only=True) as con:
+        row = con.execute(
+            "SELECT layout FROM pg2sink_tables WHERE namespace = 'public' AND name = ?", [TABLE]
+        ).fetchone()
+        if row is None:
+            raise BenchError(f"{path} has no raw table of public.{TABLE}")
+        raw = str(json.loads(row[0])["raw"]).replace('"', '""')
+        count = con.execute(f'SELECT count(*) FROM "{raw}"').fetchone()
+    assert count is not None
+    return int(count[0])
+
+
+def count_output(target: SinkRun, targets: Targets) -> Output:
+    """Count what one run left in its sink (after pg2sink stopped)."""
+    if target.sink == "file":
+        modifications, lines = count_modifications(target.path)
+        return Output(modifications, target.path.stat().st_size, f"{lines} lines in the file")
+    if target.sink == "kafka":
+        assert targets.kafka is not None
+        # Only Modification records go to a table's topic (no --schema-topic).
+        count = topic_message_count(targets.kafka.bootstrap_servers, target.name)
+        size = topic_bytes(targets.kafka.data, target.name)
+        return Output(count, size, "topic messages; output: its log segments on disk")
+    if target.sink == "nats":
+        stream = target.name.split(".")[0]  # pg2sink's default stream name: the prefix
+        count, size = asyncio.run(_nats_subject_state(str(targets.nats.url), stream, target.name))
+        return Output(count, size, "messages on the table's subject; output: the stream's bytes")
+    if target.sink == "kinesis":
+        found = kinesis_record_count(str(targets.kinesis.url), target.name, KINESIS_COUNT_SECONDS)
+        if found is None:
+            return Output(None, 0, f"not counted: GetRecords took over {KINESIS_COUNT_SECONDS}s")
+        return Output(
+            found[0],
+            found[1],
+            "Modification records (GetRecords, every shard); output: record data",
+        )
+    if target.sink == "duckdb":
+        rows = duckdb_raw_rows(target.path)
+        return Output(rows, target.path.stat().st_size, "raw table rows; output: database file")
+    return Output(None, 0, "null sink: it discards every record, nothing to count")
+
+
+# --- pg2sink ------------------------------------------------------------------
+
+
 def run_pg2sink(
     dsn: str,
     run: int,
@@ -406,26 +632,28 @@ def run_pg2sink(
     watch: Conn,
     profile: Path | None,
     kafka: KafkaTarget | None = None,
+    *,
+    sink: str | None = None,
+    targets: Targets | None = None,
 ) -> Consumer:
-    """One pg2sink run: --sink file, or --sink kafka when `kafka` is given."""
-    label = "pg2sink_kafka" if kafka is not None else "pg2sink"
-    slot = slot_name(PG2SINK_KAFKA_SLOT if kafka is not None else PG2SINK_SLOT, run)
-    out = tmp / f"pg2sink_{run}.jsonl"
-    # A fresh prefix per run: every run's topic starts empty.
-    prefix = f"bench{run}_{uuid.uuid4().hex[:8]}"
-    topic = f"{prefix}.public.{TABLE}"
+    """One pg2sink run with `sink` (default: kafka when `kafka` is given, else file) on its
+    own slot, timed until the slot confirms END; then its output is counted."""
+    sink = sink or ("kafka" if kafka is not None else "file")
+    targets = targets or Targets(kafka=kafka)
+    label = consumer_name(sink).replace(" ", "_")
+    slot = slot_name(sink_slot_prefix(sink), run)
+    target = plan_sink_run(sink, run, tmp, targets)
     python = [sys.executable]
     if profile is not None:
         python += ["-m", "cProfile", "-o", str(profile)]
-    argv = pg2sink_argv(dsn, slot, PUBLICATION, sink_args(kafka, out, prefix), "warning", python)
+    argv = pg2sink_argv(dsn, slot, PUBLICATION, target.args, "warning", python)
     stderr = tmp / f"{label}_{run}.stderr"
     rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    # the broker shares the machine's cores with pg2sink and PostgreSQL: its CPU too
-    broker_pid = kafka.broker_pid if kafka is not None else None
-    broker_before = cpu_seconds(broker_pid) if broker_pid is not None else None
+    # the sink's server shares the machine's cores with pg2sink and PostgreSQL: its CPU too
+    server_before = cpu_seconds(target.server_pid) if target.server_pid is not None else None
     child = Child.spawn(argv, tmp / f"{label}_{run}.stdout", stderr)
     startup: float | None = None
-    broker_after: float | None = None
+    server_after: float | None = None
     walsender_cpu: float | None = None
     peak_kib: int | None = None
     try:
@@ -447,7 +675,8 @@ def run_pg2sink(
             if state.reached_end:
                 seconds = time.monotonic() - child.started
                 peak_kib = vm_hwm_kib(child.pid)
-                broker_after = cpu_seconds(broker_pid) if broker_pid is not None else None
+                if target.server_pid is not None:
+                    server_after = cpu_seconds(target.server_pid)
                 break
             time.sleep(POLL_SECONDS)
     finally:
@@ -460,41 +689,31 @@ def run_pg2sink(
         after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         peak_kib = after if after > rusage_before else None
 
-    if kafka is None:
-        modifications, lines = count_modifications(out)
-        output_bytes = out.stat().st_size
-        if modifications != workload.changes:
-            raise BenchError(
-                f"pg2sink run {run} wrote {modifications} Modification lines to {out}, "
-                f"expected {workload.changes} ({lines} lines in all)"
-            )
-    else:
-        # Only Modification records go to a table's topic (no --schema-topic).
-        modifications = lines = topic_message_count(kafka.bootstrap_servers, topic)
-        output_bytes = topic_bytes(kafka.data, topic)
-        if modifications != workload.changes:
-            raise BenchError(
-                f"pg2sink --sink kafka run {run} left {modifications} messages on topic "
-                f"{topic}, expected {workload.changes}"
-            )
+    output = count_output(target, targets)
+    if output.changes is not None and output.changes != workload.changes:
+        raise BenchError(
+            f"pg2sink --sink {sink} run {run} left {output.changes} changes "
+            f"({output.note}), expected {workload.changes}"
+        )
     return Consumer(
-        name="pg2sink kafka" if kafka is not None else "pg2sink",
+        name=consumer_name(sink),
         run=run,
         slot=slot,
         command=argv,
-        changes=modifications,
+        changes=workload.changes if output.changes is None else output.changes,
         seconds=seconds,
         startup_seconds=startup,
         client_cpu_seconds=child.cpu_seconds,
         walsender_cpu_seconds=walsender_cpu,
         peak_rss_mib=peak_kib / 1024 if peak_kib else None,
-        output_bytes=output_bytes,
+        output_bytes=output.bytes,
         extra={
-            "lines": lines,
+            "counted": output.changes is not None,
+            "output_note": output.note,
             "stderr_tail": tail(stderr, 10) if stderr.stat().st_size else "",
-            "broker_cpu_seconds": (
-                broker_after - broker_before
-                if broker_before is not None and broker_after is not None
+            "server_cpu_seconds": (
+                server_after - server_before
+                if server_before is not None and server_after is not None
                 else None
             ),
         },
@@ -541,8 +760,12 @@ def summarize(runs: Sequence[Consumer]) -> dict[str, Any]:
     }
 
 
-#: The ratio target of each pg2sink consumer (by Consumer.name).
-RATIO_TARGETS = {"pg2sink": TARGET_RATIO, "pg2sink kafka": TARGET_RATIO_KAFKA}
+#: The ratio target of each pg2sink consumer (by Consumer.name; None: report only).
+RATIO_TARGETS = {consumer_name(sink): target for sink, target in SINK_RATIO_TARGETS.items()}
+
+
+def _verdict(ok: bool | None) -> str:
+    return "no target, reported" if ok is None else "PASS" if ok else "MISS"
 
 
 def report(
@@ -567,7 +790,10 @@ def report(
         for name, runs in sink_runs.items()
     }
     rss = {name: summaries[name]["peak_rss_mib_max"] for name in sink_runs}
-    ratio_ok = {name: ratios[name] >= RATIO_TARGETS[name] for name in sink_runs}
+    ratio_ok = {
+        name: None if RATIO_TARGETS[name] is None else ratios[name] >= (RATIO_TARGETS[name] or 0)
+        for name in sink_runs
+    }
     rss_ok = {name: rss[name] is not None and rss[name] < TARGET_RSS_MIB for name in sink_runs}
     first = next(iter(sink_runs.values()))
 
@@ -631,15 +857,16 @@ def report(
             f"{m['output_bytes_median'] / 2**20:>10.1f}"
         )
     print(f"(medians of {repeat} runs; peak RSS is the maximum)")
-    if "pg2sink kafka" in sink_runs:
-        print("(pg2sink kafka output: the topic's log segments on the broker's disk)")
-        broker = _median([s.extra.get("broker_cpu_seconds") for s in sink_runs["pg2sink kafka"]])
-        print(f"(Kafka broker CPU s during a pg2sink kafka run, median: {_fmt(broker, '.2f')})")
+    for name, runs in sink_runs.items():
+        print(f"({name} output check, run 1: {runs[0].extra['output_note']})")
+        server = _median([s.extra.get("server_cpu_seconds") for s in runs])
+        if server is not None:
+            print(f"({name}: its server's CPU s during a run, median: {server:.2f})")
     print()
     for name in sink_runs:
         print(
             f"{name} / pg_recvlogical, median changes/s: {ratios[name]:.2f}   "
-            f"target >= {RATIO_TARGETS[name]}: {'PASS' if ratio_ok[name] else 'MISS'}   "
+            f"target >= {_fmt(RATIO_TARGETS[name], '')}: {_verdict(ratio_ok[name])}   "
             f"(per-run ratio min {min(run_ratios[name]):.2f}, "
             f"max {max(run_ratios[name]):.2f})"
         )
@@ -712,15 +939,17 @@ def print_profile(path: Path, top: int = 15) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description="pg2sink's file sink vs pg_recvlogical on the same changes "
+        description="pg2sink with each chosen sink vs pg_recvlogical on the same changes "
         "(see bench/README.md)."
     )
     p.add_argument(
         "--sink",
-        choices=("file", "kafka", "both"),
         default="file",
-        help="pg2sink's sink: file (default), kafka (starts a Kafka broker and a schema "
-        "registry in the temporary directory) or both (one run of each per round)",
+        metavar="SINK[,SINK...]",
+        help="pg2sink's sinks, comma-separated, one run of each per round: file (default), "
+        "kafka, null, nats, kinesis, duckdb; `both` is file,kafka. The servers a sink needs "
+        "(Kafka and a schema registry, nats-server, kinesalite) start in the temporary "
+        "directory",
     )
     p.add_argument(
         "--scale",
@@ -790,20 +1019,14 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
 def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     sizes = sizes_from(args)
     sizes.check()
+    sinks = parse_sinks(args.sink)
     services = load_services()
     recvlogical = pg_binary(services, "pg_recvlogical")
-    use_file = args.sink in ("file", "both")
-    use_kafka = args.sink in ("kafka", "both")
-    prefixes = [RECVLOGICAL_SLOT]
-    prefixes += [PG2SINK_SLOT] if use_file else []
-    prefixes += [PG2SINK_KAFKA_SLOT] if use_kafka else []
+    prefixes = [RECVLOGICAL_SLOT, *(sink_slot_prefix(sink) for sink in sinks)]
 
     with contextlib.ExitStack() as stack:
         server = start_postgres(services, tmp, stack)
-        kafka = start_kafka(services, tmp, stack) if use_kafka else None
-        if kafka is not None:
-            print("warming up the broker (400,000 messages to a scratch topic) ...", flush=True)
-            print(f"broker warmed up in {warm_up_broker(kafka):.1f} s", flush=True)
+        targets = start_targets(services, tmp, stack, sinks)
         dsn = server.dsn()
         with psycopg.connect(dsn, autocommit=True) as conn:
             info = machine_info(conn, recvlogical)
@@ -817,29 +1040,8 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             recvs: list[Consumer] = []
             sink_runs: dict[str, list[Consumer]] = {}
             for run in range(1, args.repeat + 1):
-                step = f"run {run}/{args.repeat}"
-                done: list[Consumer] = []
-                try:
-                    print(f"{step}: pg_recvlogical to {workload.end_lsn} ...", flush=True)
-                    recv = run_recvlogical(recvlogical, dsn, run, workload, tmp, args.timeout, conn)
-                    drop_slot(conn, recv.slot)
-                    # cProfile: the first pg2sink run of the first sink only
-                    profile = args.cprofile if run == 1 else None
-                    for target in ([None] if use_file else []) + ([kafka] if use_kafka else []):
-                        name = "pg2sink" if target is None else "pg2sink --sink kafka"
-                        print(f"{step}: {name} to {workload.end_lsn} ...", flush=True)
-                        sink = run_pg2sink(
-                            dsn, run, workload, tmp, args.timeout, conn, profile, target
-                        )
-                        profile = None
-                        drop_slot(conn, sink.slot)
-                        done.append(sink)
-                except BenchError as e:
-                    raise BenchError(f"{step}: {e}") from e
-                print(
-                    f"{step}: pg_recvlogical {recv.seconds:.2f}s, "
-                    + ", ".join(f"{s.name} {s.seconds:.2f}s" for s in done),
-                    flush=True,
+                recv, done = run_round(
+                    args, run, recvlogical, dsn, workload, tmp, conn, sinks, targets
                 )
                 recvs.append(recv)
                 for s in done:
@@ -848,6 +1050,45 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         if args.cprofile is not None:
             print_profile(args.cprofile)
         return figures
+
+
+def run_round(
+    args: argparse.Namespace,
+    run: int,
+    recvlogical: str,
+    dsn: str,
+    workload: Workload,
+    tmp: Path,
+    conn: Conn,
+    sinks: Sequence[str],
+    targets: Targets,
+) -> tuple[Consumer, list[Consumer]]:
+    """Round `run`: pg_recvlogical, then pg2sink with each sink in turn, each slot dropped
+    right after its run."""
+    step = f"run {run}/{args.repeat}"
+    done: list[Consumer] = []
+    try:
+        print(f"{step}: pg_recvlogical to {workload.end_lsn} ...", flush=True)
+        recv = run_recvlogical(recvlogical, dsn, run, workload, tmp, args.timeout, conn)
+        drop_slot(conn, recv.slot)
+        # cProfile: the first pg2sink run of the first sink only
+        profile = args.cprofile if run == 1 else None
+        for sink in sinks:
+            print(f"{step}: pg2sink --sink {sink} to {workload.end_lsn} ...", flush=True)
+            result = run_pg2sink(
+                dsn, run, workload, tmp, args.timeout, conn, profile, sink=sink, targets=targets
+            )
+            profile = None
+            drop_slot(conn, result.slot)
+            done.append(result)
+    except BenchError as e:
+        raise BenchError(f"{step}: {e}") from e
+    print(
+        f"{step}: pg_recvlogical {recv.seconds:.2f}s, "
+        + ", ".join(f"{s.name} {s.seconds:.2f}s" for s in done),
+        flush=True,
+    )
+    return recv, done
 
 
 def main(argv: Sequence[str] | None = None) -> int:
