@@ -1,4 +1,4 @@
-"""`make bench-stream`: pg2sink's file sink against pg_recvlogical on the same changes.
+"""`make bench-stream`: pg2sink with each chosen sink against pg_recvlogical on the same changes.
 
 Method
 ------
@@ -9,9 +9,10 @@ Method
        bench (id int8 primary key, name text, amount numeric(12,2),
               at timestamptz, flag bool, doc jsonb)
 
-   a publication `bench_pub` for it, and 2 x N pgoutput slots
-   (`bench_recvlogical_1..N`, `bench_pg2sink_1..N`, N = `--repeat`, default
-   3) *before* any change is made, so every run decodes exactly the same WAL.
+   a publication `bench_pub` for it, and (1 + sinks) x N pgoutput slots
+   (`bench_recvlogical_1..N`, `bench_pg2sink_1..N` for the file sink,
+   `bench_pg2sink_<sink>_1..N` for another sink; N = `--repeat`, default 3)
+   *before* any change is made, so every run decodes exactly the same WAL.
 2. Run the workload: one INSERT transaction of 500,000 rows
    (`INSERT ... SELECT FROM generate_series`), one UPDATE transaction of
    250,000 rows, then 50,000 single-row transactions (half INSERT, half
@@ -25,7 +26,8 @@ Method
    The expected change count is the sum of the three parts. `--scale`
    multiplies all three sizes.
 3. The consumers then run alternately, N times each: pg_recvlogical on slot
-   1, pg2sink on slot 1, pg_recvlogical on slot 2, ... Alternating spreads
+   1, pg2sink with each sink in the order given on its slot 1, pg_recvlogical
+   on slot 2, ... Alternating spreads
    drift on the machine (page cache, other load) over both. Each slot is
    dropped right after its run, which frees its WAL and spill files.
 4. pg_recvlogical (the server's own client, C, no decoding of the pgoutput
@@ -42,13 +44,32 @@ Method
    can overstate it, as Linux carries the forking parent's peak across exec).
    The output must hold exactly the expected number of Modification lines.
 
-6. `--sink kafka` (or `both`) also starts a Kafka broker and Apicurio Registry
-   (scripts/services.py) in the temporary directory and runs pg2sink with
-   `--sink kafka` (Avro, acks=all, idempotent) on slots
-   `bench_pg2sink_kafka_1..N`, a fresh `--topic-prefix` per run. It is timed
-   the same way (pg2sink confirms only what the broker acknowledged); then the
-   topic must hold exactly the expected number of messages (high minus low
-   watermark over its partitions). Target: ratio >= 0.6.
+6. `--sink` takes a comma-separated list of registered sinks
+   (pg2sink/sinks/registry.py) this bench knows: file, kafka, null, nats,
+   kinesis, duckdb (`both` = file,kafka). Every sink is timed the same way, as
+   pg2sink confirms only what its sink durably holds; the servers a sink needs
+   are started fresh in the temporary directory (scripts/services.py), never
+   the shared ones of .services/env; each run writes to a fresh topic, subject
+   or stream. After each run (pg2sink stopped) its output is counted and must
+   equal the expected changes:
+   - kafka: a Kafka broker and Apicurio Registry, warmed up first; `--sink
+     kafka` (Avro, acks=all, idempotent), a fresh `--topic-prefix`; the topic's
+     messages (high minus low watermark over its partitions). Target >= 0.6.
+   - null: nothing is written and nothing is counted (the report says so).
+     Target >= 1.2: pg2sink's decoding alone against pg_recvlogical's.
+   - nats: nats-server with JetStream; `--nats-subject-prefix` fresh, the
+     stream pg2sink creates (its default name); the messages on the table's
+     subject from JetStream's stream info (its Schema record has its own
+     subject). Target >= 0.8.
+   - kinesis: kinesalite; pg2sink creates a 4-shard stream
+     (`--kinesis-create-stream 4`, inside its timed run); the Modification
+     records read back with GetRecords over every shard (JSON lines: the
+     Schema record is a record too), skipped with the reason printed if that
+     takes over 120 s. No target: kinesalite's own pace bounds it.
+   - duckdb: `--duckdb-path` a fresh file; the rows of the table's raw
+     changelog table (named in pg2sink_tables). Target >= 0.8, peak RSS
+     below 300 MiB as for every sink.
+   The sink's server CPU seconds during the run (from /proc) are printed too.
 
 Report: every run's seconds and changes/s, then per consumer the median of
 changes/s, seconds, start-up, client CPU, walsender CPU and output size, and
@@ -61,8 +82,8 @@ still counts in the summary).
 Both walsenders do the same work (decoding, reorder buffer spilled to disk
 for the big transactions); the difference is the client. CPU seconds of the
 client (from wait4) and of its walsender (sampled from /proc) are printed
-to show where time goes. The benchmark reports the targets (pg2sink at
-least 0.8x pg_recvlogical's changes/s, peak RSS below 300 MiB); it does not
+to show where time goes. The benchmark reports the targets (each sink's
+ratio above, peak RSS below 300 MiB); it does not
 assert them: the exit code is 0 unless something broke.
 """
 
