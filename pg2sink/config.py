@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from pg2sink.errors import ConfigError
-from pg2sink.options import duration, factor, flag
+from pg2sink.options import duration, factor, flag, format_duration, parse_duration
 from pg2sink.routing.config import GROUP as ROUTING_GROUP
 from pg2sink.routing.config import RoutingConfig
 
@@ -37,6 +37,11 @@ class Group(StrEnum):
     IMPORTS = "imports (docs/imports.md)"
     SPARK = "import runner (Spark)"
     LOGGING = "logging"
+
+
+def _duration_or_zero(text: str) -> float:
+    """A duration (options.parse_duration), or 0 for none."""
+    return 0.0 if text.strip() == "0" else parse_duration(text)
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,18 @@ class StreamConfig:
     )
     retry_interval: float = duration(5.0, Group.TIMING, "wait between --retry-initial attempts")
     """Seconds between retries with --retry-initial."""
+    wal_retain: float = flag(
+        0.0,
+        group=Group.TIMING,
+        help="keep the confirmed LSN this far (commit time) behind what the sink "
+        "acknowledged, so the server keeps that much WAL for a replay; uses the server's "
+        "disk (docs/replay.md); 0: off",
+        parse=_duration_or_zero,
+        show=format_duration,
+        metavar="DURATION",
+    )
+    """Seconds of commit time the confirmed LSN stays behind the acknowledged one; 0: none
+    (subscription/loop.py Retention)."""
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     """--only, --exclude-column, --mask-column (pg2sink/routing/, docs/routing.md)."""
     sink_config: Any = None

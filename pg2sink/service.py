@@ -224,6 +224,7 @@ class StreamService:
                 confirm=out is None,
                 stop=self.stop,
                 stats=stats,
+                wal_retain=self.cfg.wal_retain,
             )
             if isinstance(handler, StreamingHandler):
                 handler.progress = streamer.tick  # housekeeping during long replays

@@ -38,6 +38,7 @@ SAMPLES: dict[str, list[str]] = {
     "kinesis_create_stream": ["2"],
     "format": ["debezium"],  # the one --debezium-schemas goes with
     "nats_duplicate_window": ["10m"],
+    "wal_retain": ["1h"],
     "only": ["public.a=insert", "b=update,delete"],
     "exclude_columns": ["public.a.x", "b.y"],
     "mask_columns": ["public.a.x=redact", "b.y=truncate:2"],

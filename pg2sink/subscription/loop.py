@@ -13,6 +13,12 @@ the end LSN of a Commit, or a keepalive's position while no transaction is
 open (so commits that publish nothing still advance the slot and an idle
 slot does not hold WAL).
 
+With --wal-retain (`Retention`), the LSN confirmed to the server stays that long behind
+what the sink acknowledged, measured by the server's clock: a checkpoint is confirmed
+only once a checkpoint acknowledged after it is that much younger (commit times, and
+keepalives' send times while idle). PostgreSQL keeps the WAL after the confirmed LSN, so
+`pg2sink replay` can send the changes of that window again (docs/replay.md).
+
 The loop does no I/O of its own: it reads frames from a `FrameSource` (the
 replication connection, ReplicationStream) and tells the time by a `Clock`,
 so tests drive it with a scripted source on a fake clock
@@ -40,6 +46,7 @@ from pg2sink.logical.decoder import MessageTag
 from pg2sink.logical.lsn import format_lsn, now_pg_timestamp
 from pg2sink.observability.stats import StreamStats
 from pg2sink.pipeline import Held
+from pg2sink.subscription.retention import Retention, commit_time
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +195,7 @@ class Streamer:
         stop: StopRequested | None = None,
         clock: Clock = time.monotonic,
         stats: StreamStats | None = None,
+        wal_retain: float = 0.0,
     ) -> None:
         self.source = source
         self.handler = handler
@@ -203,7 +211,11 @@ class Streamer:
         self.checkpointed_lsn = 0
         #: the checkpoint the last flush covered
         self.flushed_lsn = 0
+        #: the sink's highest acknowledgement, and what is confirmed to the server: the
+        #: same but with --wal-retain (`retention`)
+        self.acknowledged_lsn = 0
         self.confirmed_lsn = 0
+        self.retention = Retention(wal_retain) if wal_retain > 0 else None
         self._reported_lsn = -1
         self._next_flush = 0.0
         self._last_flush = 0.0
@@ -278,7 +290,7 @@ class Streamer:
                     end_lsn = held_end
                     feed = self.handler.feed  # as _wait_held's last attempt took it
                 if end_lsn:
-                    self._checkpoint(end_lsn)
+                    self._checkpoint(end_lsn, at=self._commit_time(frame, header_size))
             else:
                 msg = parse_copy_data(buf)
                 assert isinstance(msg, PrimaryKeepalive)
@@ -321,13 +333,22 @@ class Streamer:
         server's wal_sender_timeout from ending the connection."""
         self._housekeeping(self.clock())
 
-    def _checkpoint(self, lsn: int, commit: bool = True) -> None:
-        """A commit's end (or, commit=False, a keepalive's position) is confirmable."""
+    def _commit_time(self, frame: bytes, offset: int) -> int | None:
+        """With --wal-retain, the commit time of the Commit in `frame` (from `offset`)."""
+        if self.retention is None:
+            return None
+        return commit_time(memoryview(frame)[offset:])
+
+    def _checkpoint(self, lsn: int, commit: bool = True, at: int | None = None) -> None:
+        """A commit's end (or, commit=False, a keepalive's position) is confirmable; `at`
+        is its server time (--wal-retain: the commit's time, the keepalive's)."""
         if lsn > self.received_lsn:
             self.received_lsn = lsn
         if lsn > self.checkpointed_lsn:
             self.checkpointed_lsn = lsn
             self.handler.checkpoint(lsn)
+            if self.retention is not None:
+                self.retention.note(lsn, now_pg_timestamp() if at is None else at)
             if commit and self._timed_write is None:
                 # one commit at a time, the oldest waiting: a clock read per acknowledgement
                 self._timed_write = (lsn, self.clock())
@@ -341,7 +362,7 @@ class Streamer:
             # no transaction is open: commits that published nothing (or were
             # skipped as empty) are behind us, so this position is confirmable
             # once the sink has flushed what came before it.
-            self._checkpoint(ka.wal_end, commit=False)
+            self._checkpoint(ka.wal_end, commit=False, at=ka.send_time)
         if ka.reply_requested:
             self._flush()
             self._send_status(self.clock(), force=True)
@@ -353,7 +374,7 @@ class Streamer:
         if self.checkpointed_lsn > self.flushed_lsn:
             # something waits for an early flush that its spacing has held back
             deadlines.append(self._last_flush + self.flush_interval / 10)
-        if self.confirm and self.flushed_lsn > self.confirmed_lsn:
+        if self.confirm and self.flushed_lsn > self.acknowledged_lsn:
             # a flush is in progress (an fsync, Kafka acks): look again soon
             deadlines.append(self.clock() + _ACK_POLL_SECONDS)
         return min(deadlines) - self.clock()
@@ -372,7 +393,7 @@ class Streamer:
 
     def _housekeeping(self, now: float) -> None:
         self._fold_counters()
-        if self.confirm and self.flushed_lsn > self.confirmed_lsn:  # a flush in progress?
+        if self.confirm and self.flushed_lsn > self.acknowledged_lsn:  # a flush in progress?
             self._take_acknowledged(self.handler.acknowledged())
         if now >= self._next_flush:
             self._flush()
@@ -388,16 +409,18 @@ class Streamer:
         self.flushed_lsn = self.checkpointed_lsn
         self._last_flush = self.clock()
         self.handler.start_flush()
-        if self._timed_flush is None and self.flushed_lsn > self.confirmed_lsn:
+        if self._timed_flush is None and self.flushed_lsn > self.acknowledged_lsn:
             # time this flush until the sink acknowledges it (pg2sink_sink_flush_seconds)
             changes = sum(sum(ops.values()) for ops in self.stats.tables.values())
             self._timed_flush = (self.flushed_lsn, self._last_flush, changes)
         self._take_acknowledged(self.handler.acknowledged())
 
     def _take_acknowledged(self, acked: int | None) -> None:
-        if acked is None or acked <= self.confirmed_lsn:
+        if acked is None or acked <= self.acknowledged_lsn:
             return
-        self.confirmed_lsn = acked
+        self.acknowledged_lsn = acked
+        retention = self.retention
+        self.confirmed_lsn = acked if retention is None else retention.hold(acked)
         if not self.confirm:
             return
         self.stats.acknowledge(acked)
