@@ -47,6 +47,15 @@ Method
    during the run, the topic's size on disk, and each line's ratios to Debezium JSON
    (changes/s over Debezium's; Debezium's CPU per change over its own).
 
+4. Latency (`--latency-seconds`, default 20; 0 skips it): bench/latency.py's table
+   `lat` and driver (single-row autocommit INSERTs at `--latency-rate`, default 2,000/s,
+   absolute deadlines, synchronous_commit on), into topics created beforehand with
+   message.timestamp.type=LogAppendTime: pg2sink (Avro) on its slot, then Debezium
+   Server (JSON) on a publication and slot created after pg2sink's load. Three warm-up
+   rows first (each waited for on the topic: the tool is streaming); then latency =
+   the broker's append time - the commit time in the message (pg2sink's envelope
+   `timestamp`, Debezium's source.ts_us); p50, p99, max.
+
 Only the tools' own CPU is compared: PostgreSQL (walsenders, backends) and the broker
 do similar work for both and share the two cores with them. The machine's load
 average is printed: other work on it stretches the wall-clock times, much less the CPU
@@ -78,6 +87,7 @@ from common import (
     TABLE,
     BenchError,
     Child,
+    Conn,
     KafkaTarget,
     cpu_seconds,
     create_bench_table,
@@ -108,6 +118,8 @@ WATERMARK_POLL_SECONDS = 0.2
 
 #: bench/import.py, whose module name is a keyword (`import import` cannot be written)
 bench_import = importlib.import_module("import")
+#: bench/latency.py (its table, load driver and Avro topic reader)
+bench_latency = importlib.import_module("latency")
 
 
 def load_debezium() -> ModuleType:
@@ -261,6 +273,7 @@ def debezium_properties(
     snapshot_mode: str,
     prefix: str,
     avro: bool,
+    table: str = TABLE,
 ) -> dict[str, str]:
     """application.properties of one run: the PostgreSQL connector on its own slot and
     publication, offsets in a file of the run, the Kafka sink; JSON (Debezium's default
@@ -284,7 +297,7 @@ def debezium_properties(
         src + "database.password": "postgres",  # trust authentication: not checked
         src + "database.dbname": "postgres",
         src + "topic.prefix": prefix,
-        src + "table.include.list": f"public.{TABLE}",
+        src + "table.include.list": f"public.{table}",
         src + "plugin.name": "pgoutput",
         src + "slot.name": slot,
         src + "publication.name": publication,
@@ -339,6 +352,18 @@ def run_debezium(
     timeout: float,
 ) -> Result:
     """Debezium Server's run.sh on the chosen JDK until `topic` holds `expected`."""
+    child = start_debezium(dbz, props, run_dir)
+    print(f"  {name}: {run_dir}/config/application.properties", flush=True)
+    try:
+        return watch(name, child, run_dir / "stdout.log", topic, expected, kafka, timeout)
+    except BenchError as e:
+        raise BenchError(
+            f"{e}\n--- {run_dir}/stdout.log ---\n{tail(run_dir / 'stdout.log', 40)}"
+        ) from e
+
+
+def start_debezium(dbz: Debezium, props: dict[str, str], run_dir: Path) -> Child:
+    """Debezium Server's run.sh in `run_dir` (its log: stdout.log) on the chosen JDK."""
     debezium_run_dir(dbz, run_dir, props)
     env = {
         **os.environ,
@@ -356,12 +381,7 @@ def run_debezium(
             stderr=err,
             stdin=subprocess.DEVNULL,
         )
-    child = Child(["bash", "run.sh"], proc, started)
-    print(f"  {name}: {run_dir}/config/application.properties", flush=True)
-    try:
-        return watch(name, child, stdout, topic, expected, kafka, timeout)
-    except BenchError as e:
-        raise BenchError(f"{e}\n--- {stdout} ---\n{tail(stdout, 40)}") from e
+    return Child(["bash", "run.sh"], proc, started)
 
 
 # --- pg2sink --------------------------------------------------------------------
@@ -556,6 +576,169 @@ def snapshot(
     return results, spark_startup
 
 
+# --- latency (commit to broker append) ---------------------------------------------
+
+
+def read_debezium_topic(kafka: KafkaTarget, topic: str, expected: int) -> list[tuple[int, float]]:
+    """(id, latency ms) of every message of Debezium's JSON `topic`: the broker's
+    LogAppendTime minus the envelope's source.ts_us (the transaction's commit time)."""
+    import json
+
+    from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, TopicPartition
+    from confluent_kafka import Consumer as KafkaConsumer
+
+    consumer = KafkaConsumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": f"pg2sink-peers-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    out: list[tuple[int, float]] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 120
+        while len(out) < expected:
+            if time.monotonic() > deadline:
+                raise BenchError(f"read {len(out)} of {expected} messages of {topic} in 120 s")
+            for msg in consumer.consume(1000, timeout=1.0):
+                if msg.error() is not None:
+                    raise BenchError(f"consumer error: {msg.error()}")
+                ts_type, ts_ms = msg.timestamp()
+                if ts_type != TIMESTAMP_LOG_APPEND_TIME:
+                    raise BenchError(f"{topic}: a message without LogAppendTime")
+                payload = json.loads(msg.value() or b"{}")["payload"]
+                out.append((int(payload["after"]["id"]), ts_ms - payload["source"]["ts_us"] / 1e3))
+    finally:
+        consumer.close()
+    return out
+
+
+def measure_latency(
+    name: str,
+    child: Child,
+    log: Path,
+    driver: Conn,
+    topic: str,
+    warm_ids: Sequence[int],
+    kafka: KafkaTarget,
+    args: argparse.Namespace,
+) -> tuple[int, Any]:
+    """Warm-up rows until each is on `topic`, then `--latency-rate` single-row
+    transactions per second for `--latency-seconds`; waits until all are on the topic
+    and stops the tool. (transactions, bench/latency.py's Load)."""
+    marks = Watermarks(kafka.bootstrap_servers)
+    insert = sql.SQL("INSERT INTO {} (id, payload) VALUES (%s, 'warm-up')").format(
+        sql.Identifier(bench_latency.TABLE)
+    )
+    try:
+        for n, row_id in enumerate(warm_ids, 1):
+            driver.execute(insert, (row_id,))
+            deadline = time.monotonic() + args.timeout
+            while marks.count(topic) < n:
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise BenchError(f"{name}: warm-up row {row_id} not on {topic}:\n{tail(log)}")
+                time.sleep(WATERMARK_POLL_SECONDS)
+        load = bench_latency.drive(driver, args.latency_rate, args.latency_seconds)
+        expected = len(warm_ids) + load.count
+        deadline = time.monotonic() + args.timeout
+        while marks.count(topic) < expected:
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"{name}: not every message on {topic}:\n{tail(log)}")
+            time.sleep(WATERMARK_POLL_SECONDS)
+    finally:
+        child.stop()
+        marks.close()
+    return expected, load
+
+
+def latency_stats(name: str, latencies_ms: list[float], load: Any) -> dict[str, Any]:
+    """p50/p99/max of one tool's latencies, printed with the load it ran under."""
+    values = sorted(latencies_ms)
+    pct = bench_latency.percentile
+    stats = {
+        "name": name,
+        "count": len(values),
+        "rate_achieved": load.rate,
+        "max_lag_ms": load.max_lag_ms,
+        "p50_ms": pct(values, 50),
+        "p99_ms": pct(values, 99),
+        "max_ms": values[-1],
+    }
+    print(
+        f"  {name:40} {load.rate:7,.0f} tx/s (worst lag {load.max_lag_ms:.0f} ms)"
+        f"  p50 {stats['p50_ms']:.1f} ms  p99 {stats['p99_ms']:.1f} ms  max {values[-1]:.0f} ms",
+        flush=True,
+    )
+    return stats
+
+
+def latency(
+    args: argparse.Namespace,
+    tmp: Path,
+    dsn: str,
+    port: int,
+    kafka: KafkaTarget,
+    dbz: Debezium,
+) -> list[dict[str, Any]]:
+    """Commit → broker append (LogAppendTime) at a fixed rate of single-row transactions
+    (bench/latency.py's table and driver, synchronous_commit on), pg2sink (Avro) then
+    Debezium Server (JSON), each on a slot made just before its own load."""
+    table = bench_latency.TABLE
+    results = []
+    with (
+        psycopg.connect(dsn, autocommit=True) as conn,
+        psycopg.connect(dsn, autocommit=True) as driver,
+    ):
+        driver.execute("SET synchronous_commit = on")
+        bench_latency.setup(conn)  # the table, lat_pub and pg2sink's slot lat_slot
+        print(
+            f"latency: {args.latency_rate:,.0f} transactions/s for {args.latency_seconds:g} s",
+            flush=True,
+        )
+        prefix = f"pg2sink_lat_{uuid.uuid4().hex[:6]}"
+        topic = f"{prefix}.public.{table}"
+        bench_latency.create_topic(kafka.bootstrap_servers, topic)
+        argv = pg2sink_argv(
+            dsn, bench_latency.SLOT, bench_latency.PUBLICATION, kafka_sink_args(kafka, prefix)
+        )
+        stderr = tmp / "pg2sink_lat.stderr"
+        child = Child.spawn(argv, tmp / "pg2sink_lat.stdout", stderr)
+        n, load = measure_latency(
+            "pg2sink", child, stderr, driver, topic, (-1, -2, -3), kafka, args
+        )
+        got = bench_latency.read_topic(kafka, topic, n)
+        ms = [lat for i, lat, _ in got if i > 0]
+        results.append(latency_stats("pg2sink --sink kafka --format avro", ms, load))
+        drop_slot(conn, bench_latency.SLOT)
+
+        # the publication before the slot: pgoutput sends no change made before it existed
+        create_publication(conn, "dbz_lat_pub", table)
+        conn.execute("SELECT pg_create_logical_replication_slot('peers_dbz_lat', 'pgoutput')")
+        prefix = f"dbz_lat_{uuid.uuid4().hex[:6]}"
+        topic = f"{prefix}.public.{table}"
+        bench_latency.create_topic(kafka.bootstrap_servers, topic)
+        run_dir = tmp / "dbz_latency"
+        props = debezium_properties(
+            port, kafka, run_dir, "peers_dbz_lat", "dbz_lat_pub", "no_data", prefix, False, table
+        )
+        child = start_debezium(dbz, props, run_dir)
+        n, load = measure_latency(
+            "Debezium Server",
+            child,
+            run_dir / "stdout.log",
+            driver,
+            topic,
+            (-4, -5, -6),
+            kafka,
+            args,
+        )
+        ms = [lat for i, lat in read_debezium_topic(kafka, topic, n) if i > 0]
+        results.append(latency_stats("Debezium Server json", ms, load))
+        drop_slot(conn, "peers_dbz_lat")
+    return results
+
+
 # --- report --------------------------------------------------------------------------
 
 
@@ -633,6 +816,8 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "scale": args.scale,
                 "runs": table(f"streaming: {changes:,} changes", "change", results, base),
             }
+        if args.latency_seconds > 0:
+            figures["latency"] = latency(args, tmp, dsn, server.port, kafka, dbz)
     print(
         f"\nDebezium Server {dbz.version} on Java {dbz.java} ({dbz.java_home}); pg2sink "
         f"{info['pg2sink']}; PostgreSQL {info['postgresql']}; {info['nproc']} CPUs "
@@ -660,6 +845,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         dest="debezium_avro",
         action="store_false",
         help="skip Debezium Server with Apicurio's Avro converter",
+    )
+    p.add_argument(
+        "--latency-rate", type=float, default=2000.0, help="latency: transactions/s (2,000)"
+    )
+    p.add_argument(
+        "--latency-seconds",
+        type=float,
+        default=20.0,
+        help="latency: seconds of load per tool (default 20; 0 skips the latency part)",
     )
     p.add_argument("--skip-stream", action="store_true")
     p.add_argument("--skip-snapshot", action="store_true")
