@@ -31,7 +31,7 @@ from pg2sink.sinks import registry
 
 log = logging.getLogger(__name__)
 
-COMMANDS = ("stream", "drop", "status", "migrate", "import", "relay")
+COMMANDS = ("stream", "drop", "status", "migrate", "import", "relay", "replay")
 EXIT_USAGE = 2
 
 # kept under their old names: tests and main() read a parsed namespace through them
@@ -119,6 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
         "stream (docs/imports.md; --no-imports to stream only).",
     )
     options.add_options(stream, _STREAM, _STREAM_GROUPS)
+    replay = sub.add_parser(
+        "replay",
+        help="stream again from the slot, writing only the changes after --since",
+        description="Stream as `pg2sink stream` does, from the slot's confirmed position, "
+        "leaving out the changes before --since (a duration before now, or an LSN): with "
+        "--wal-retain, the slot keeps that window (docs/replay.md). Stop the running "
+        "stream first; replay goes on streaming.",
+    )
+    replay.add_argument(
+        "--since",
+        required=True,
+        metavar="DURATION|LSN",
+        help="write the changes committed at most DURATION ago (10m, 1h), or at or after LSN",
+    )
+    options.add_options(replay, _STREAM, _STREAM_GROUPS)
     _add_source_commands(sub)
     relay_command.add_parser(sub, _SINKS, _SINK_GROUPS, _LOGGING)
     return parser
@@ -282,6 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             for line in run_drop(_source_config(args)):
                 print(line)
+            return 0
+        if args.command == "replay":
+            from pg2sink.replay import parse_point, run_replay
+
+            point = parse_point(args.since)
+            run_replay(_stream_config(args), point)
             return 0
         from pg2sink.service import run_stream
 

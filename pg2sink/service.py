@@ -92,6 +92,9 @@ def _open_output(path: str) -> TextIO:
 class StreamService:
     """Runs streaming sessions until SIGINT/SIGTERM."""
 
+    #: how a session's sink is made (`pg2sink replay` wraps it: pg2sink/replay.py)
+    make_sink = staticmethod(make_sink)
+
     def __init__(self, cfg: StreamConfig) -> None:
         if cfg.routing.outbox and not cfg.decode_only:
             check_sink(cfg.sink, cfg.routing.outbox_headers_column is not None)
@@ -128,7 +131,7 @@ class StreamService:
                 output = self.cfg.sink_config
                 out = _open_output(output.file_path if isinstance(output, FileConfig) else "-")
             else:
-                sink = make_sink(self.cfg)
+                sink = self.make_sink(self.cfg)
                 sink.open()
             self.stats.sink_up()
             self._loop(sink, out)

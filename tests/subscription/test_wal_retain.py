@@ -5,10 +5,17 @@ on the fake clock of test_loop.py."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final
 
+import pytest
+
+from pg2sink.changelog.records import Modification, Operation
+from pg2sink.errors import ConfigError
 from pg2sink.logical import Commit, decode
+from pg2sink.logical.lsn import format_lsn
+from pg2sink.replay import Point, parse_point
 from pg2sink.subscription.handlers import ChangelogHandler
 from pg2sink.subscription.loop import Streamer
 from pg2sink.subscription.retention import Retention, commit_time
@@ -144,3 +151,38 @@ def test_a_restart_sends_the_retained_window_again(
     wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= target, 30, "the rows confirmed")
     assert p.stop() == 0
     assert [m["after"]["id"] for m in modifications(out)] == [1, 2, 3, 1, 2, 3]
+
+
+def test_replay_writes_only_the_changes_after_the_point(
+    db: Database, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    """`pg2sink replay --since LSN` after a stream with --wal-retain: the window's changes
+    from the point on are written again, those before it are not."""
+    conn = db.connect()
+    conn.execute("CREATE TABLE kept (id int PRIMARY KEY)")
+    out = tmp_path / "out.jsonl"
+    p = start(pg2sink_proc, out, "--wal-retain", "1h")
+    conn.execute("INSERT INTO kept SELECT generate_series(1, 3)")
+    point = format_lsn(db.current_lsn())
+    conn.execute("INSERT INTO kept SELECT generate_series(4, 6)")
+    wait_for(lambda: len(modifications(out)) == 6, 30, "the rows in the file")
+    assert p.stop() == 0
+    p.args = ["replay", "--since", point, *p.args]
+    p.start().wait_streaming()
+    wait_for(lambda: len(modifications(out)) == 9, 30, "the rows after the point again")
+    assert p.stop() == 0
+    assert [m["after"]["id"] for m in modifications(out)] == [1, 2, 3, 4, 5, 6, 4, 5, 6]
+    assert "replay: 3 records before LSN" in p.stderr()
+
+
+def test_a_point_in_time_keeps_later_commits() -> None:
+    now = datetime(2026, 11, 24, 5, 0, tzinfo=UTC)
+    point = parse_point("10m", now)
+    assert point == Point(time=datetime(2026, 11, 24, 4, 50, tzinfo=UTC))
+    change = Modification(now, 0, 5, 1, Operation.INSERT, "public", "t", None, {})
+    assert point.keeps(change)
+    old = Modification(now - timedelta(hours=1), 0, 9, 1, Operation.INSERT, "public", "t", None, {})
+    assert not point.keeps(old)
+    assert parse_point("0/10") == Point(lsn=16) and not Point(lsn=16).keeps(old)
+    with pytest.raises(ConfigError, match="--since 'soon'"):
+        parse_point("soon")
