@@ -73,6 +73,19 @@ def caught_up(db: Database) -> None:
     wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= target, 60, "pg2sink to catch up")
 
 
+def relay_everything(
+    relay: Pg2Sink, stack: KafkaStack, group: str, topics: list[str], dbs: list[Database]
+) -> None:
+    """Start the relay, wait until Kafka holds every change of `dbs` and the relay
+    committed every message of `topics`, then stop it (it holds the DuckDB file)."""
+    relay.start()
+    wait_relaying(relay)
+    for db in dbs:
+        caught_up(db)
+    wait_for(lambda: lag(stack, group, topics) == 0, 60, "the relay to commit")
+    assert relay.stop() == 0, relay.stderr()
+
+
 @pytest.fixture
 def second_db(pg_server: Any) -> Iterator[Database]:
     with fresh_database(pg_server) as other:
@@ -133,26 +146,16 @@ def test_two_databases_fan_in_to_one_duckdb_file(
         "--duckdb-path",
         str(path),
     )
+    dbs = [db, second_db]
     try:
-        relay.start()
-        wait_relaying(relay)
-        for source, _ in sources:
-            caught_up(source)
-        wait_for(lambda: lag(kafka_stack, group, topics) == 0, 60, "the relay to commit")
-        # the offsets are committed: the file holds every change (the relay stops to let
-        # the test open it)
-        assert relay.stop() == 0, relay.stderr()
+        relay_everything(relay, kafka_stack, group, topics, dbs)
+        # the offsets are committed: the file holds every change
         for conn, (_, table) in zip(conns, sources, strict=True):
             assert duck_rows(path, f"public_{table}", "id") == pg_rows(conn, table, "id")
         # a second run continues from the committed offsets: nothing is written twice
         again = zip(changes, conns, sources, strict=True)
         changes = [n + workload(c, t, 100) for n, c, (_, t) in again]
-        relay.start()
-        wait_relaying(relay)
-        for source, _ in sources:
-            caught_up(source)
-        wait_for(lambda: lag(kafka_stack, group, topics) == 0, 60, "the relay to commit")
-        assert relay.stop() == 0, relay.stderr()
+        relay_everything(relay, kafka_stack, group, topics, dbs)
     finally:
         for p in (*streams, relay):
             if p.proc is not None and p.proc.poll() is None:
@@ -193,10 +196,7 @@ def test_a_kill_9_loses_nothing(db: Database, kafka_stack: KafkaStack, tmp_path:
         relay.kill()
         left = lag(kafka_stack, group, topics)
         assert 0 < left < 3000
-        relay.start()
-        wait_relaying(relay)
-        wait_for(lambda: lag(kafka_stack, group, topics) == 0, 60, "the relay to commit")
-        assert relay.stop() == 0, relay.stderr()
+        relay_everything(relay, kafka_stack, group, topics, [db])
     finally:
         for p in (stream, relay):
             if p.proc is not None and p.proc.poll() is None:
