@@ -29,8 +29,8 @@ def add_parser(sub: Any, sinks: list[Option], groups: list[str], logging: list[O
     """The `relay` subcommand, with the sinks' options `sinks` under their `groups`."""
     relay = sub.add_parser(
         "relay",
-        help="relay pg2sink's Kafka topics (Avro) into another sink",
-        description="Consume the Avro topics pg2sink streams to Kafka (from one or several "
+        help="relay pg2sink's Kafka topics (Avro or JSON) into another sink",
+        description="Consume the topics pg2sink streams to Kafka (from one or several "
         "databases) and write their changes to --sink. Consumer offsets are committed only "
         "after the sink durably holds the changes before them (at-least-once; "
         "docs/relay.md).",
@@ -56,8 +56,11 @@ def run(args: argparse.Namespace) -> None:
     cfg: RelayConfig = options.build(RelayConfig, args)
     cfg.check()
     kafka: KafkaConfig = options.build(KafkaConfig, args)  # registers the URL's secret
-    if not kafka.schema_registry_url:
-        raise ConfigError("pg2sink relay needs --schema-registry-url (the topics' registry)")
+    if not kafka.schema_registry_url and not cfg.relay_schema_topic:
+        raise ConfigError(
+            "pg2sink relay needs --schema-registry-url (Avro topics) or --from-schema-topic "
+            "(JSON topics)"
+        )
     sink = _sink(args)
     # confluent-kafka is the [kafka] extra: imported once the relay runs
     try:
@@ -67,7 +70,8 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"pg2sink relay needs the kafka extra: {e}") from None
     from pg2sink.subscription.loop import StopRequested
 
-    relay = Relay(cfg, sink, Shapes(kafka.schema_registry_url, kafka.registry.reveal()))
+    url = kafka.schema_registry_url
+    relay = Relay(cfg, sink, Shapes(url, kafka.registry.reveal()) if url else None)
     stop = StopRequested()
     stop.install()
     try:

@@ -46,6 +46,14 @@ class RelayConfig:
         names=("--group-id",),
         metavar="GROUP",
     )
+    relay_schema_topic: str = flag(
+        "",
+        group=GROUP,
+        help="JSON topics: the producing pg2sink's --schema-topic, where the relay finds "
+        "each table's Schema record",
+        names=("--from-schema-topic",),
+        metavar="TOPIC",
+    )
     relay_consumer: Settings = flag(  # noqa: RUF009 (a dataclasses.field())
         factory=Settings,
         group=GROUP,

@@ -1,4 +1,4 @@
-"""pg2sink's Avro messages back into records, without I/O.
+"""pg2sink's Kafka messages back into records, without I/O: Avro and JSON.
 
 The wire format (pg2sink.registry.wire): magic byte 0, the writer schema's id as 4 bytes
 big-endian, the Avro binary body. The Kafka sink's value schema is the Modification
@@ -20,6 +20,10 @@ logical types (Decimal, date, time, datetime in UTC or naive), and what the Avro
 changed is changed back: a value in a field's "string" branch (typemap.nullable: a
 value outside T's domain, written as PostgreSQL's text) is a PgText, an unconstrained
 numeric's string a Decimal, a uuid a str, an unchanged TOASTed field UNCHANGED_TOAST.
+
+JSON (--format json, and the schema and message topics): a message is a record's JSON
+line (changelog/jsonlines.py) without its newline; `json_record` reads it back with the
+values in their JSON form (Sink.json_values), the commit time a datetime.
 A `before` image whose columns are null but the key's is the old key PostgreSQL sends
 for REPLICA IDENTITY DEFAULT: only the key columns, as the stream has it (Avro cannot tell
 it from a REPLICA IDENTITY FULL row whose other columns are all NULL, which comes back as
@@ -29,6 +33,7 @@ its key too: the same row for every sink, whose missing columns are NULL).
 from __future__ import annotations
 
 import io
+from binascii import a2b_base64
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from decimal import Decimal
@@ -38,13 +43,14 @@ from uuid import UUID
 import fastavro
 
 from pg2sink.changelog.codecs import Kind, kind_of
+from pg2sink.changelog.jsonenc import loads
 from pg2sink.changelog.pgvalues import PgText
-from pg2sink.changelog.records import Modification, Operation, Schema, Truncation
+from pg2sink.changelog.records import Message, Modification, Operation, Schema, Truncation
 from pg2sink.errors import SinkError
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.registry.wire import MAGIC_BYTE
 
-__all__ = ["HEADER_BYTES", "Shape", "schema_id"]
+__all__ = ["HEADER_BYTES", "Shape", "json_record", "schema_id"]
 
 #: magic byte and schema id
 HEADER_BYTES = 5
@@ -174,3 +180,42 @@ class Shape:
             else:
                 row[column] = None if value is None else fix(value)
         return row
+
+
+def _time(text: object) -> datetime:
+    assert isinstance(text, str)
+    return datetime.fromisoformat(text)
+
+
+def json_record(value: bytes) -> Schema | Modification | Message:
+    """The record of a JSON line (jsonlines.py), its values in their JSON form."""
+    try:
+        obj = loads(value)
+        kind = obj["kind"]
+        if kind == "schema":
+            key = obj["schema"].get("pg.primary_key") or ()
+            return Schema(
+                _time(obj["timestamp"]), obj["lsn"], obj["namespace"], obj["name"],
+                obj["schema"], primary_key=tuple(key),
+            )  # fmt: skip
+        if kind == "message":
+            at = obj["timestamp"]
+            return Message(
+                None if at is None else _time(at), obj["lsn"], obj["xid"],
+                obj["transactional"], obj["prefix"], a2b_base64(obj["content"]),
+            )  # fmt: skip
+        head = (
+            _time(obj["timestamp"]), obj["sequence"], obj["lsn"], obj["xid"],
+            Operation(obj["operation"]), obj["namespace"], obj["name"], obj["before"],
+            obj["after"],
+        )  # fmt: skip
+        if kind != "modification":
+            raise ValueError(f"unknown kind {kind!r}")
+        options = obj.get("truncate")
+        if options is not None:
+            return Truncation(
+                *head, cascade=options["cascade"], restart_identity=options["restart_identity"]
+            )
+        return Modification(*head)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SinkError(f"a message is not a pg2sink record's JSON line: {e}") from None

@@ -2,9 +2,12 @@
 
 Per batch (at most --relay-batch-size messages, or what arrived within POLL_WAIT):
 
-1. each message's value is decoded (decode.Shape, its writer schema from the registry);
-   the first change of a table shape is preceded by the shape's Schema record, so the sink
-   creates or evolves the table before its rows; tombstones (null values) are skipped;
+1. each message's value is decoded: Avro (decode.Shape, its writer schema from the
+   registry), the first change of a table shape preceded by the shape's Schema record, so
+   the sink creates or evolves the table before its rows; or JSON (decode.json_record),
+   the first change of a table preceded by its latest Schema record in the schema topic
+   (schemas.read_schema_topic), a Schema record consumed written as it comes;
+   tombstones (null values) are skipped;
 2. a checkpoint follows every source transaction (a change of topic or xid, or a
    sequence that does not grow), and the batch's end;
 3. the sink is flushed until it has acknowledged the batch's last checkpoint;
@@ -30,10 +33,11 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
+from pg2sink.changelog.records import Modification, Schema
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.relay.config import RelayConfig
-from pg2sink.relay.decode import Shape, schema_id
-from pg2sink.relay.schemas import Shapes
+from pg2sink.relay.decode import Shape, json_record, schema_id
+from pg2sink.relay.schemas import Shapes, read_schema_topic
 from pg2sink.sinks.base import Sink, UsesSlot
 from pg2sink.subscription.loop import StopRequested
 
@@ -87,14 +91,17 @@ def consumer_settings(cfg: RelayConfig) -> dict[str, str]:
 class Relay:
     """Consumes pg2sink's topics into `sink`; see the module docstring."""
 
-    def __init__(self, cfg: RelayConfig, sink: Sink, shapes: Shapes) -> None:
+    def __init__(self, cfg: RelayConfig, sink: Sink, shapes: Shapes | None) -> None:
         self.cfg = cfg
         self.sink = sink
         self.shapes = shapes
         self.marks = Marks()
         self.relayed = 0
-        #: the shape each table's Schema record was last written with
+        #: the shape each table's Schema record was last written with (Avro)
         self._shapes: dict[tuple[str, str], Shape] = {}
+        #: JSON: each table's latest Schema record known, and those written
+        self._schemas: dict[tuple[str, str], Schema] = {}
+        self._written: set[tuple[str, str]] = set()
         #: (topic, xid, sequence) of the last change written
         self._last: tuple[str, int, int] | None = None
         self._consumer: Consumer | None = None
@@ -129,7 +136,8 @@ class Relay:
                 self.sink.close()
             finally:
                 consumer.close()
-                self.shapes.close()
+                if self.shapes is not None:
+                    self.shapes.close()
                 log.info("pg2sink relay stopped: %d changes relayed", self.relayed)
 
     def _relay(self, batch: list[KafkaMessage]) -> None:
@@ -155,24 +163,72 @@ class Relay:
         Schema record when they are due."""
         sid = schema_id(value)
         if sid is None:
-            raise SinkError(
-                f"a message of topic {topic!r} is not in the Confluent wire format: the "
-                "relay reads pg2sink's Avro topics (--format avro); leave other topics out "
-                "of --topics"
-            )
+            self._write_json(topic, value)
+            return
+        if self.shapes is None:
+            raise SinkError(f"topic {topic!r} is Avro: the relay needs --schema-registry-url")
         shape = self.shapes.get(sid)
         m = shape.modification(value)
-        last = self._last
-        if last is not None and (last[0] != topic or last[1] != m.xid or m.sequence <= last[2]):
-            # another transaction: the sink takes the one before as a whole
-            self.sink.checkpoint(self.marks.next())
-        self._last = (topic, m.xid, m.sequence)
+        self._boundary(topic, m)
         table = (shape.namespace, shape.name)
         if self._shapes.get(table) is not shape:
             self.sink.write(shape.schema(m.timestamp, m.lsn))
             self._shapes[table] = shape
         self.sink.write(m)
         self.relayed += 1
+
+    def _write_json(self, topic: str, value: bytes) -> None:
+        """A JSON line's record: a change after its table's Schema record."""
+        if not self.sink.json_values:
+            raise SinkError(
+                f"topic {topic!r} is JSON, whose values are in their JSON form: relay it "
+                "into a sink that writes JSON (file, kafka --format json, nats, kinesis), "
+                "or produce Avro (--format avro)"
+            )
+        record = json_record(value)
+        if isinstance(record, Schema):
+            table = (record.namespace, record.name)
+            self._schemas[table] = record
+            self._written.add(table)
+            self.sink.write(record)
+            return
+        if not isinstance(record, Modification):
+            self.sink.write(record)  # a Message
+            return
+        self._boundary(topic, record)
+        table = (record.namespace, record.name)
+        if table not in self._written:
+            self.sink.write(self._schema_of(table))
+            self._written.add(table)
+        self.sink.write(record)
+        self.relayed += 1
+
+    def _schema_of(self, table: tuple[str, str]) -> Schema:
+        """The latest Schema record of `table` in the schema topic (read again when the
+        table is new to it)."""
+        if table not in self._schemas:
+            if not self.cfg.relay_schema_topic:
+                raise SinkError(
+                    f"a JSON change of {table[0]}.{table[1]}: the relay needs "
+                    "--from-schema-topic (the producing pg2sink's --schema-topic)"
+                )
+            settings = consumer_settings(self.cfg)
+            self._schemas.update(read_schema_topic(settings, self.cfg.relay_schema_topic))
+        schema = self._schemas.get(table)
+        if schema is None:
+            raise SinkError(
+                f"no Schema record of {table[0]}.{table[1]} in --from-schema-topic "
+                f"{self.cfg.relay_schema_topic!r}"
+            )
+        return schema
+
+    def _boundary(self, topic: str, m: Modification) -> None:
+        """A checkpoint before `m` when it starts another source transaction."""
+        last = self._last
+        if last is not None and (last[0] != topic or last[1] != m.xid or m.sequence <= last[2]):
+            # another transaction: the sink takes the one before as a whole
+            self.sink.checkpoint(self.marks.next())
+        self._last = (topic, m.xid, m.sequence)
 
     def _wait_for(self, mark: int) -> None:
         """Flush until the sink acknowledges `mark`; SinkUnavailableError after ACK_WAIT."""

@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 
 from pg2sink.changelog.avro import TableEncoder
+from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.pgvalues import PgText
-from pg2sink.changelog.records import Operation, Schema, Truncation
+from pg2sink.changelog.records import Message, Operation, Schema, Truncation
 from pg2sink.errors import SinkError
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.registry import wire_header
-from pg2sink.relay.decode import Shape, schema_id
+from pg2sink.relay.decode import Shape, json_record, schema_id
 from tests.changelog.test_avro import TEXT, T, decode_row, modification, row_schema
 
 
@@ -76,3 +77,18 @@ def test_json_and_torn_messages() -> None:
     shape, value = encoded(modification(decode_row(TEXT)))
     with pytest.raises(SinkError, match=r"cannot read a message of public\.all types"):
         shape.modification(value[:12])
+
+
+def test_json_lines_come_back_as_their_records() -> None:
+    """record_line's bytes (the Kafka sink's JSON values, without the newline) read back
+    give the same line again: the record with its values in their JSON form."""
+    schema = Schema(T, 5, "public", "all types", row_schema(), primary_key=("id", "order id"))
+    change = modification({"id": 1, "t": "x", "ai": [1, None]})
+    truncation = Truncation(T, 0, 10, 11, Operation.TRUNCATE, "public", "t", None, None, True)
+    message = Message(None, 12, None, False, "p", b"\x00\xff")
+    for record in (schema, change, truncation, message):
+        line = record_line(record)
+        again = json_record(line.rstrip(b"\n"))
+        assert type(again) is type(record) and record_line(again) == line
+    with pytest.raises(SinkError, match="not a pg2sink record's JSON line"):
+        json_record(b'{"kind": "other"}')

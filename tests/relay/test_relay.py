@@ -27,6 +27,7 @@ from tests.conftest import (
     clean_env,
     fresh_database,
     pg2sink_for,
+    read_jsonl,
     run_cli,
     wait_for,
 )
@@ -207,6 +208,46 @@ def test_a_kill_9_loses_nothing(db: Database, kafka_stack: KafkaStack, tmp_path:
     assert raw == 3000
 
 
+def test_json_topics_into_the_file_sink(
+    db: Database, kafka_stack: KafkaStack, tmp_path: Path
+) -> None:
+    """--format json with --schema-topic: the relay writes each table's Schema record
+    (from the schema topic) before its changes, the changes as the stream wrote them."""
+    prefix, group = f"rj{uuid.uuid4().hex[:8]}", f"relay-{uuid.uuid4().hex[:8]}"
+    conn = db.connect()
+    conn.execute(f"CREATE TABLE shop_j {TABLE}")
+    schemas = f"{prefix}.schemas"
+    args = kafka_args(kafka_stack, prefix, "--schema-topic", schemas, avro=False)
+    stream = pg2sink_for(db, tmp_path, *args).start()
+    out = tmp_path / "relayed.jsonl"
+    relay = relay_proc(
+        kafka_stack, tmp_path, "--topics", rf"{prefix}\.public\..*", "--group-id", group,
+        "--from-schema-topic", schemas, "--sink", "file", "--file-path", str(out),
+    )  # fmt: skip
+    try:
+        stream.wait_streaming()
+        changes = workload(conn, "shop_j", 1)
+        relay_everything(relay, kafka_stack, group, [f"{prefix}.public.shop_j"], [db])
+    finally:
+        for p in (stream, relay):
+            if p.proc is not None and p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait(10)
+    records = read_jsonl(out)
+    assert records[0]["kind"] == "schema" and records[0]["name"] == "shop_j"
+    assert records[0]["schema"]["pg.primary_key"] == ["id"]
+    mods = [r for r in records if r["kind"] == "modification"]
+    assert len(mods) == changes
+    latest: dict[int, dict[str, Any]] = {}
+    for m in mods:  # the changes, applied in order, give the table
+        if m["before"] is not None:
+            latest.pop(m["before"]["id"], None)
+        if m["after"] is not None:
+            latest[m["after"]["id"]] = m["after"]
+    rows = conn.execute("SELECT id, name, price::float8 FROM shop_j ORDER BY id").fetchall()
+    assert [(r["id"], r["name"], r["price"]) for _, r in sorted(latest.items())] == rows
+
+
 def test_relay_needs_its_options() -> None:
     done = run_cli("relay", "--sink", "null", "--topics", "x")
     assert done.returncode == 2
@@ -215,7 +256,8 @@ def test_relay_needs_its_options() -> None:
     assert done.returncode == 2 and "--topics '(' is no regular expression" in done.stderr
     done = run_cli("relay", "--sink", "null", "--from-kafka", "b:1", "--topics", "x")
     assert done.stderr.strip() == (
-        "pg2sink: error: pg2sink relay needs --schema-registry-url (the topics' registry)"
+        "pg2sink: error: pg2sink relay needs --schema-registry-url (Avro topics) or "
+        "--from-schema-topic (JSON topics)"
     )
 
 
