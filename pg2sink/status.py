@@ -197,6 +197,13 @@ def render(status: Status) -> str:
             + (f" ({s.wal_status})" if s.wal_status else "")
         )
     lines = [slot]
+    if s.exists and s.confirmed_lsn is not None:
+        # the WAL after the confirmed position is what the slot can send again: with
+        # --wal-retain, the retained window (docs/replay.md)
+        lines.append(
+            f"  replay window: from {s.confirmed_lsn}, {_size(s.lag_bytes)} of WAL "
+            "(pg2sink replay --since LSN|DURATION)"
+        )
     if status.publication_exists:
         lines.append(f"publication {status.publication}: {len(status.tables)} tables")
         lines += [f"  {t}" for t in status.tables]

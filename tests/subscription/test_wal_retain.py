@@ -19,7 +19,7 @@ from pg2sink.replay import Point, parse_point
 from pg2sink.subscription.handlers import ChangelogHandler
 from pg2sink.subscription.loop import Streamer
 from pg2sink.subscription.retention import Retention, commit_time
-from tests.conftest import Database, wait_for
+from tests.conftest import Database, run_cli, wait_for
 from tests.logical import golden as g
 from tests.subscription.test_loop import (
     _COMMIT,
@@ -186,3 +186,20 @@ def test_a_point_in_time_keeps_later_commits() -> None:
     assert parse_point("0/10") == Point(lsn=16) and not Point(lsn=16).keeps(old)
     with pytest.raises(ConfigError, match="--since 'soon'"):
         parse_point("soon")
+
+
+def test_status_shows_the_retained_window(db: Database, pg2sink_proc: Proc, tmp_path: Path) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE kept (id int PRIMARY KEY, pad text)")
+    p = start(pg2sink_proc, tmp_path / "out.jsonl", "--wal-retain", "1h")
+    conn.execute("INSERT INTO kept SELECT i, repeat('x', 1000) FROM generate_series(1, 100) i")
+    wait_for(lambda: len(modifications(tmp_path / "out.jsonl")) == 100, 30, "the rows")
+    assert p.stop() == 0
+    env = {"PG2SINK_SOURCE": db.dsn, "PG2SINK_SLOT": db.slot}
+    done = run_cli("status", env={**env, "PG2SINK_PUBLICATION": db.publication})
+    assert done.returncode == 0, done.stderr
+    confirmed = format_lsn(db.slot_confirmed_lsn() or 0)
+    (line,) = [x for x in done.stdout.splitlines() if "replay window" in x]
+    assert line.startswith(f"  replay window: from {confirmed}, ")
+    # the 100 rows' WAL (100 kB of text at least) is retained after the confirmed LSN
+    assert " kB of WAL" in line or " MB of WAL" in line
