@@ -45,7 +45,7 @@ class FileImportTarget:
     def problem(self) -> str | None:
         if self.path == "-":
             return (
-                "imports need --file-path FILE or --sink kafka: Spark executors cannot "
+                "imports need --file-path FILE or another sink: Spark executors cannot "
                 "write to standard output"
             )
         return None
