@@ -75,9 +75,12 @@ def _read_until(
         topic, offset = msg.topic(), msg.offset()
         key, value = msg.key(), msg.value()
         assert topic is not None and offset is not None
+        end = left.get((topic, 0))
+        if end is None or offset >= end:
+            continue  # written after the end offsets were taken: not this read's
         assert not isinstance(key, str) and not isinstance(value, str)  # no deserializer
         read[topic].append(KafkaMessage(topic, key, value, _headers(msg.headers())))
-        if offset + 1 >= left[(topic, 0)]:
+        if offset + 1 >= end:
             del left[(topic, 0)]
     return [m for t in topics for m in read[t]]
 

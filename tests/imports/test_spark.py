@@ -261,7 +261,7 @@ def test_table_dropped_fails_with_one_line(
 def test_stdout_sink_is_refused(runner: SparkRunner) -> None:
     plan = ImportPlan("public", "t", (), (), ("TRUE",), 0)
     task = ImportTask(1, plan, (0,), "x", "", INTERNAL, FileImportTarget("-"))
-    with pytest.raises(ImportFailed, match="--file-path FILE or --sink kafka"):
+    with pytest.raises(ImportFailed, match="--file-path FILE or another sink"):
         runner.run(task)
 
 
