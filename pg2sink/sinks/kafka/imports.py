@@ -5,9 +5,10 @@ checked, the Avro subjects registered, --schema-topic written) and waits for the
 broker's acknowledgement; the executors then get the subjects' ids with the target, so
 they never call the registry. Each task produces its partition with a KafkaSink of its
 own (the stream's producer settings: idempotent, acks=all, the user's --kafka-config),
-keyed by primary key and encoded by the same per-table encoders as the stream, and
-returns only when the broker acknowledged every message: the partition is marked done
-after that.
+keyed by primary key and encoded by the same per-table encoders as the stream (Avro:
+the stream's C encoder of new rows, changelog.avro_native, fed each row as the pgoutput
+Insert message of its text, changelog.batches.write_raw), and returns only when the
+broker acknowledged every message: the partition is marked done after that.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pg2sink.changelog.batches import ImportTable, write_modifications
+from pg2sink.changelog.batches import ImportTable, write_modifications, write_raw
 from pg2sink.changelog.records import Schema
 from pg2sink.errors import ConfigError, SinkError
 from pg2sink.sinks.kafka.config import KafkaConfig
@@ -100,11 +101,17 @@ class KafkaImportTarget:
         sink.open()
         try:
             sink.write(table.schema)
-            # start_flush after each batch serves delivery reports as we go
-            seq = write_modifications(
-                table, batches, self.json_values, sink.write, sink.start_flush
-            )
             s = table.schema
+            # the stream's C encoder of new rows (Avro), fed the pgoutput messages of the
+            # batches' text; None: the table or process takes the Python path
+            raw = sink.raw_row_writer(s.namespace, s.name)
+            # start_flush after each batch serves delivery reports as we go
+            if raw is not None:
+                seq = write_raw(table, batches, raw, sink.write, sink.start_flush)
+            else:
+                seq = write_modifications(
+                    table, batches, self.json_values, sink.write, sink.start_flush
+                )
             wait_acknowledged(sink, f"the import's messages of {s.namespace}.{s.name}")
         finally:
             sink.close()
