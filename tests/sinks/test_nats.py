@@ -52,6 +52,7 @@ from pg2sink.sinks.nats.config import NatsConfig, shown_url, url_secrets
 from pg2sink.sinks.nats.imports import NatsImportTarget
 from pg2sink.sinks.nats.sink import NatsSink
 from pg2sink.sinks.nats.subjects import escape, table_subject
+from pg2sink.sinks.nats.wire import msg_id_header
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.test_spark import INTERNAL, check_rows, expected_rows, fill_table, prepare_job
 from tests.support import FAST, Proc
@@ -692,7 +693,11 @@ def test_a_message_over_max_payload_names_the_limit(
         sink.checkpoint(1200)
         with pytest.raises(SinkError, match=r"larger than the NATS server's max_payload") as err:
             wait_for(lambda: sink.flush() == 1200, 10, "the failure")
-        assert "(2,097,333 bytes)" in str(err.value) and "max_payload (1,048,576)" in str(err.value)
+        # the JSON line of the change, and its Nats-Msg-Id header block
+        header = msg_id_header(f"1001:0:{topic_prefix}.public.t".encode())
+        size = 2_097_333 + len(header)
+        assert f"({size:,} bytes with its headers)" in str(err.value)
+        assert "max_payload (1,048,576)" in str(err.value)
     # the Schema record only: neither the large change nor the one after it
     assert [m.subject for m in stored(nats_url, topic_prefix)] == [
         f"{topic_prefix}.public.t.schema"

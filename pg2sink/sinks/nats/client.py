@@ -2,12 +2,15 @@
 
 nats-py is asyncio; the stream is not. `Publisher` runs an event loop in a background
 thread ("pg2sink-nats") holding one connection, and the sink hands it batches of
-(subject, payload, message id) with `submit`, which never waits. The loop publishes each
-message with a reply subject of its own, `<inbox>.<generation>.<serial>`, on which
+(subject, payload, header block) with `submit`, which never waits (it wakes the loop
+only when the loop has not yet taken what was submitted before). The loop publishes
+each message with a reply subject of its own, `<inbox>.<generation>.<serial>`, on which
 JetStream answers with its PubAck once the message is stored (or with an error); one
-subscription to `<inbox>.*.*` receives them all (no future, no timer per message). The
-acknowledged count is the number of messages acknowledged with no gap before them
-(acks come back in order; one that overtakes another waits in a set).
+subscription to `<inbox>.*.*` receives them all (no future, no timer per message), and
+up to CHUNK messages go out in one write (wire.py: the frames, and the replies taken
+from nats-py's parser). The acknowledged count is the number of messages acknowledged
+with no gap before them (acks come back in order; one that overtakes another waits in a
+set).
 
 Generations: after a failure the sink starts over (PostgreSQL replays from the last
 confirmed position) under a new generation; acks of the messages of an older one are
@@ -32,7 +35,6 @@ old or the new value.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import ssl
 import threading
@@ -41,22 +43,21 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
 
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.sinks.nats.config import NatsConfig, shown_url
+from pg2sink.sinks.nats.wire import AckClient, ack_error, frame
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Outgoing", "Publisher"]
 
-#: One message: its subject, its payload and its Nats-Msg-Id (None: none).
-Outgoing = tuple[str, bytes, str | None]
+#: One message: its subject, its payload and its header block (wire.msg_id_header).
+Outgoing = tuple[bytes, bytes, bytes]
 
 #: Longest wait for the first connection and the stream's creation, in seconds.
 CONNECT_WAIT = 10.0
@@ -64,10 +65,8 @@ CONNECT_WAIT = 10.0
 CLOSE_WAIT = 5.0
 #: Seconds between attempts to connect again after the connection was lost.
 RECONNECT_WAIT = 1.0
-#: The header JetStream de-duplicates by.
-MSG_ID = "Nats-Msg-Id"
-#: The status header of "no responders": no stream holds the subject.
-_NO_RESPONDERS = "503"
+#: Messages written to the connection in one piece at most.
+CHUNK = 512
 
 T = TypeVar("T")
 
@@ -82,7 +81,9 @@ class Publisher:
         self._thread = threading.Thread(target=self._loop.run_forever, name="pg2sink-nats")
         self._thread.daemon = True  # a stuck server must not keep the process alive
         self._nc: Client | None = None
-        self._inbox = ""
+        self._inbox = b""
+        #: `<inbox>.<generation>.`: the start of this generation's reply subjects
+        self._reply = b""
         # written by the loop thread, read by the sink's
         self.acked: tuple[int, int, int] = (0, 0, 0)
         """(generation, messages acknowledged with no gap before them, their bytes)."""
@@ -96,6 +97,10 @@ class Publisher:
         # the loop thread's own
         self._generation = 0
         self._queue: deque[Outgoing] = deque()
+        #: what the sink's thread submitted and the loop has not taken yet, and whether
+        #: the loop has been woken to take it
+        self._submitted: deque[tuple[int, Sequence[Outgoing]]] = deque()
+        self._woken = False
         #: the messages sent and not yet acknowledged, in serial order from acked[1]
         self._unacked: deque[Outgoing] = deque()
         self._sent = 0
@@ -117,7 +122,14 @@ class Publisher:
 
     def submit(self, generation: int, batch: Sequence[Outgoing]) -> None:
         """Publish `batch` after everything submitted before (never waits)."""
-        self._loop.call_soon_threadsafe(self._enqueue, generation, batch)
+        # A wake-up is a write to the loop's self-pipe (and a GIL hand-over): one per
+        # batch was the cost of a checkpoint of each small transaction. The append comes
+        # before the flag is read, and the loop clears the flag before it takes the
+        # batches, so no batch is left behind.
+        self._submitted.append((generation, batch))
+        if not self._woken:
+            self._woken = True
+            self._loop.call_soon_threadsafe(self._take_submitted)
 
     def drop_connection(self) -> None:
         """Replace the connection, as if it had been lost (the sink waited too long for
@@ -162,17 +174,23 @@ class Publisher:
             await self._on_disconnected(connection)
 
         nc = await self._new_client(disconnected)
-        inbox = f"{nc.new_inbox()}."
+        inbox = f"{nc.new_inbox()}.".encode()
+
+        def on_ack(subject: bytes, data: bytes, headers: bytes | None) -> None:
+            if inbox is self._inbox:  # else a late answer on a connection replaced since
+                self._on_ack(subject, data, headers)
+
         try:
-            await nc.subscribe(inbox + "*.*", cb=self._on_ack)
+            nc.take_acks(await nc.subscribe(inbox.decode() + "*.*"), on_ack)
             await self._ensure_stream(nc)
         except BaseException:
             await nc.close()  # not ours yet: its closing is no news
             raise
         self._nc, self._connection, self._inbox = nc, connection, inbox
+        self._reply = b"%s%d." % (inbox, self._generation)
         log.debug("connected to NATS at %s", self.url)
 
-    async def _new_client(self, disconnected: Callable[[], Awaitable[None]]) -> Client:
+    async def _new_client(self, disconnected: Callable[[], Awaitable[None]]) -> AckClient:
         cfg = self.cfg
         options: dict[str, Any] = {}
         if cfg.nats_creds:
@@ -185,14 +203,15 @@ class Publisher:
             options["tls"] = ssl.create_default_context(cafile=cfg.nats_tls_ca)
         # Two quick attempts per server (nats-py's defaults retry for a minute), and no
         # reconnecting by nats-py: see the module docstring.
+        # (in the options: nats-py annotates these two int, and takes floats)
+        options.update(reconnect_time_wait=0.2, connect_timeout=CONNECT_WAIT / 2)
+        nc = AckClient()
         try:
-            return await nats.connect(
+            await nc.connect(
                 servers=[u.strip() for u in cfg.nats_url.split(",")],
                 name="pg2sink",
                 allow_reconnect=False,
                 max_reconnect_attempts=1,
-                reconnect_time_wait=0.2,
-                connect_timeout=CONNECT_WAIT / 2,
                 error_cb=self._on_error,
                 disconnected_cb=disconnected,
                 **options,
@@ -202,6 +221,7 @@ class Publisher:
             raise SinkUnavailableError(
                 f"cannot connect to NATS at {self.url}: {self._last_error}"
             ) from None
+        return nc
 
     async def _ensure_stream(self, nc: Client) -> None:
         """Create the stream covering `<prefix>.>` unless a stream of its name exists."""
@@ -251,6 +271,12 @@ class Publisher:
 
     # -- the loop's thread: publishing and acknowledgements --------------------------
 
+    def _take_submitted(self) -> None:
+        self._woken = False  # before taking: see submit()
+        submitted = self._submitted
+        while submitted:
+            self._enqueue(*submitted.popleft())
+
     def _enqueue(self, generation: int, batch: Sequence[Outgoing]) -> None:
         if generation != self._generation:
             if generation < self._generation:
@@ -275,6 +301,7 @@ class Publisher:
         self._unacked.clear()
         self._sent = 0
         self._early.clear()
+        self._reply = b"%s%d." % (self._inbox, generation)
         self.acked = (generation, 0, 0)
         self.progress_at = time.monotonic()
 
@@ -285,60 +312,64 @@ class Publisher:
             # waited in nats-py goes on with the queue _reconnect rebuilt
             nc = self._nc
             assert nc is not None
-            message = queue.popleft()
-            subject, payload, msg_id = message
-            # the serial is taken before the await: a restart while nats-py waits (a full
-            # flush queue) starts the next generation's serials at 0 all the same
-            generation, serial = self._generation, self._sent
-            self._sent += 1
-            unacked.append(message)
-            reply = f"{self._inbox}{generation}.{serial}"
-            try:
-                await nc.publish(subject, payload, reply, {MSG_ID: msg_id} if msg_id else None)
-            except nats.errors.ConnectionClosedError:
-                # lost: it waits among the unacknowledged, which _reconnect sends again
-                # in order (the loop ends once the loss is known)
-                continue
-            except nats.errors.Error as e:
+            if nc.is_closed:
+                return  # lost: _reconnect publishes the queue on the next connection
+            # the serials are taken before the await: a restart while nats-py waits (a
+            # full pending buffer) starts the next generation's serials at 0 all the same
+            generation, serial, reply = self._generation, self._sent, self._reply
+            limit = nc.max_payload
+            parts: list[bytes] = []
+            too_large: Outgoing | None = None
+            for _ in range(min(len(queue), CHUNK)):
+                message = queue[0]
+                subject, payload, header = message
+                if len(header) + len(payload) > limit:
+                    too_large = message
+                    break
+                queue.popleft()
+                parts += (frame(subject, b"%s%d" % (reply, serial), header, payload), header)
+                parts += (payload, b"\r\n")
+                unacked.append(message)
+                serial += 1
+            self._sent = serial
+            if parts:
+                # one piece in nats-py's pending buffer, written in order with its own
+                # commands; a lost connection leaves the messages among the
+                # unacknowledged, which _reconnect sends again in order
+                await nc._send_command(b"".join(parts))
+                await nc._flush_pending()
+            if too_large is not None:
                 if generation == self._generation:
-                    self._fail(self._refused(e, subject, len(payload)))
+                    self._fail(self._too_large(too_large, limit))
                 return
 
-    def _refused(self, e: nats.errors.Error, subject: str, size: int) -> SinkError:
-        """The error of a message nats-py would not publish."""
-        if isinstance(e, nats.errors.MaxPayloadError):
-            assert self._nc is not None
-            return SinkError(
-                f"a message for {subject} ({size:,} bytes) is larger than the NATS server's "
-                f"max_payload ({self._nc.max_payload:,}): raise max_payload in the server's "
-                "configuration"
-            )
-        return SinkUnavailableError(f"cannot publish to NATS at {self.url}: {_reason(e)}")
+    def _too_large(self, message: Outgoing, limit: int) -> SinkError:
+        """The error of a message over the server's max_payload (which would end the
+        connection)."""
+        subject, payload, header = message
+        return SinkError(
+            f"a message for {subject.decode()} ({len(header) + len(payload):,} bytes with its "
+            f"headers) is larger than the NATS server's max_payload ({limit:,}): raise "
+            "max_payload in the server's configuration"
+        )
 
-    async def _on_ack(self, msg: Msg) -> None:
+    def _on_ack(self, subject: bytes, data: bytes, headers: bytes | None) -> None:
         """JetStream's answer to one message: its PubAck, an error, or "no responders"."""
-        inbox = self._inbox
-        if not msg.subject.startswith(inbox):
-            return  # a late answer on a connection replaced since
-        generation, _, serial = msg.subject[len(inbox) :].partition(".")
-        if int(generation) != self._generation:
+        reply = self._reply
+        if not subject.startswith(reply):
             return  # an answer to a message of a stream that restarted since
-        data = msg.data
-        if not data and msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+        error = ack_error(data, headers)
+        if error is None:
+            self._acknowledge(int(subject[len(reply) :]))
+        elif error == "no responders":
             self._fail(
                 SinkError(
                     f"no JetStream stream holds the subjects {self.cfg.nats_subject_prefix}.> "
                     f"(was stream {self.cfg.stream} deleted? pg2sink creates it when it starts)"
                 )
             )
-            return
-        if b'"error"' in data:
-            error = nats.js.errors.APIError.from_error(json.loads(data)["error"])
-            self._fail(
-                SinkError(f"JetStream refused a message: {error.description} ({error.err_code})")
-            )
-            return
-        self._acknowledge(int(serial))
+        else:
+            self._fail(SinkError(f"JetStream refused a message: {error}"))
 
     def _acknowledge(self, serial: int) -> None:
         _, count, size = self.acked

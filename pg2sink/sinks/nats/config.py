@@ -105,11 +105,9 @@ class NatsConfig:
     def check(self) -> None:
         """ConfigError for what can be checked without a server (the CLI calls it)."""
         prefix = self.nats_subject_prefix
-        if not prefix or any(not t or _NOT_IN_TOKEN.search(t) for t in prefix.split(".")):
-            raise ConfigError(
-                f"invalid --nats-subject-prefix {prefix!r}: dot-separated tokens without "
-                "spaces, '*' or '>'"
-            )
+        problem = subject_problem(prefix)
+        if problem:
+            raise ConfigError(f"invalid --nats-subject-prefix {prefix!r}: {problem}")
         if _NOT_IN_STREAM.search(self.stream):
             raise ConfigError(
                 f"invalid --nats-stream {self.stream!r}: no '.', '*', '>', '/', '\\' or spaces"
@@ -133,6 +131,13 @@ class NatsConfig:
         for url in self.nats_url.split(","):
             out += url_secrets(url.strip())
         return out
+
+
+def subject_problem(subject: str) -> str | None:
+    """Why `subject` cannot be published to (None: it can)."""
+    if not subject or any(not t or _NOT_IN_TOKEN.search(t) for t in subject.split(".")):
+        return "dot-separated tokens without spaces, '*' or '>'"
+    return None
 
 
 def url_secrets(url: str) -> list[str]:

@@ -45,9 +45,10 @@ from pg2sink.changelog.records import Message, Modification, Operation, Record, 
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.options import format_duration
 from pg2sink.sinks.nats.client import Outgoing, Publisher
-from pg2sink.sinks.nats.config import NatsConfig
+from pg2sink.sinks.nats.config import NatsConfig, subject_problem
 from pg2sink.sinks.nats.payload import Payload, payload_for
 from pg2sink.sinks.nats.subjects import MESSAGES, table_subject
+from pg2sink.sinks.nats.wire import NO_HEADERS, msg_id_header
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ FLUSH_WAIT = 1.0
 CLOSE_WAIT = 10.0
 #: One wait for acknowledgements, in seconds.
 _POLL = 0.001
+#: A change's header block, from its LSN, sequence and subject (subjects.py's id).
+_CHANGE_HEADER = b"NATS/1.0\r\nNats-Msg-Id: %d:%d:%s\r\n\r\n"
 
 
 class _Table:
@@ -75,8 +78,8 @@ class _Table:
     __slots__ = ("key", "schema_subject", "subject")
 
     def __init__(self, prefix: str, schema: Schema) -> None:
-        self.subject = table_subject(prefix, schema.namespace, schema.name)
-        self.schema_subject = self.subject + ".schema"
+        self.subject = table_subject(prefix, schema.namespace, schema.name).encode()
+        self.schema_subject = self.subject + b".schema"
         self.key = tuple(schema.primary_key or schema.schema.get("pg.primary_key") or ())
 
 
@@ -94,7 +97,7 @@ class NatsSink:
         self._schemas = schemas
         self._publisher: Publisher | None = None
         self._tables: dict[tuple[str, str], _Table] = {}
-        self._messages_subject = f"{cfg.nats_subject_prefix}.{MESSAGES}"
+        self._messages_subject = f"{cfg.nats_subject_prefix}.{MESSAGES}".encode()
         self._generation = 1
         self._batch: list[Outgoing] = []
         #: messages written in this generation, and their bytes
@@ -151,24 +154,21 @@ class NatsSink:
             if table is None:
                 raise SinkError(f"change of {m.namespace}.{m.name} before its Schema record")
             if m.operation is Operation.IMPORT:
-                msg_id = _import_id(m, table)
+                header = _import_header(m, table)
             else:
-                msg_id = f"{m.lsn}:{m.sequence}:{table.subject}"
-            self._put(table.subject, self._payload.change(m), msg_id)
+                header = _CHANGE_HEADER % (m.lsn, m.sequence, table.subject)
+            self._put(table.subject, self._payload.change(m), header)
         elif isinstance(record, Message):
-            self._put(
-                self._messages_subject,
-                self._payload.message(record),
-                f"{record.lsn}:{self._messages_subject}",
-            )
+            subject = self._messages_subject
+            self._put(subject, self._payload.message(record), _header(record.lsn, subject))
         else:
             assert isinstance(record, Schema)
             table = _Table(self.cfg.nats_subject_prefix, record)
             self._payload.learn(record)
             self._tables[(record.namespace, record.name)] = table
             if self._schemas:
-                msg_id = f"{record.lsn}:{table.schema_subject}"
-                self._put(table.schema_subject, self._payload.schema(record), msg_id)
+                header = _header(record.lsn, table.schema_subject)
+                self._put(table.schema_subject, self._payload.schema(record), header)
 
     def publish(
         self,
@@ -180,13 +180,18 @@ class NatsSink:
     ) -> None:
         """An outbox message (base.PublishesMessages): to the subject `<prefix>.<destination>`
         (inside the sink's stream), Nats-Msg-Id `<lsn>:<subject>`; NATS messages have no
-        key, and headers are refused at start (routing/outbox.check_sink)."""
-        subject = f"{self.cfg.nats_subject_prefix}.{destination}"
-        self._put(subject, value, f"{lsn}:{subject}")
+        key, and headers are refused at start (routing/outbox.check_sink). A destination
+        that is no subject (empty tokens, spaces, wildcards) is an error: NATS would end
+        the connection on it."""
+        problem = subject_problem(destination)
+        if problem:
+            raise SinkError(f"outbox destination {destination!r} at LSN {lsn}: {problem}")
+        subject = f"{self.cfg.nats_subject_prefix}.{destination}".encode()
+        self._put(subject, value, _header(lsn, subject))
 
-    def _put(self, subject: str, payload: bytes, msg_id: str | None) -> None:
+    def _put(self, subject: bytes, payload: bytes, header: bytes) -> None:
         batch = self._batch
-        batch.append((subject, payload, msg_id))
+        batch.append((subject, payload, header))
         self._written += 1
         self._written_bytes += len(payload)
         if len(batch) >= BATCH:
@@ -327,10 +332,17 @@ class NatsSink:
         self._tables.clear()
 
 
-def _import_id(m: Modification, table: _Table) -> str | None:
-    """An imported row's message id: the snapshot's position and the row's key (see
-    subjects.py); None for a table without a primary key."""
+def _header(lsn: int, subject: bytes) -> bytes:
+    """The header block of a Schema record, a message or an outbox message: Nats-Msg-Id
+    `<lsn>:<subject>` (subjects.py)."""
+    return msg_id_header(b"%d:%s" % (lsn, subject))
+
+
+def _import_header(m: Modification, table: _Table) -> bytes:
+    """An imported row's header block: Nats-Msg-Id `import:<lsn>:<subject>:<key>`, the
+    snapshot's position and the row's key (subjects.py); none for a table without a
+    primary key."""
     if not table.key or m.after is None:
-        return None
-    key = dumps({c: m.after.get(c) for c in table.key}).decode()
-    return f"import:{m.lsn}:{table.subject}:{key}"
+        return NO_HEADERS
+    key = dumps({c: m.after.get(c) for c in table.key})
+    return msg_id_header(b"import:%d:%s:%s" % (m.lsn, table.subject, key))

@@ -1,0 +1,93 @@
+"""The publishing hot path's protocol bytes: HPUB frames written a batch at a time, and
+JetStream's PubAck replies taken straight from nats-py's parser.
+
+Why not nats-py's `publish` and a subscription callback: per message, `publish`
+validates both subjects, builds the header block from a dict (a regex per key), formats
+the HPUB line and may queue a flush; on the way back, each reply has its headers parsed,
+becomes a `Msg`, goes through an asyncio.Queue to the subscription's task, and is awaited
+in a callback. That was most of the sink's CPU per message (docs/benchmarks.md, "NATS
+publishing path"). Here the sink builds a message's header block once (`msg_id_header`),
+the loop thread joins a batch of frames into one write (`frame`), and the replies of the
+acknowledgement subscription go to a plain function (`AckClient`).
+
+The frame, per the NATS protocol (https://docs.nats.io/reference/reference-protocols/nats-protocol#hpub):
+
+    HPUB <subject> <reply> <header bytes> <total bytes>\\r\\n<headers><payload>\\r\\n
+
+with the header block `NATS/1.0\\r\\nNats-Msg-Id: <id>\\r\\n\\r\\n` (or no header at all,
+`NATS/1.0\\r\\n\\r\\n`). The subjects are pg2sink's own (subjects.py escapes names), so
+they need no check here; the outbox's destinations are checked by the sink.
+
+nats-py internals this relies on (nats-py 2.x; every test of the sink exercises them):
+`Client._send_command(bytes)` (appends to the pending buffer, written in order with
+nats-py's own commands), `Client._flush_pending()` (wakes its flusher),
+`Client._process_msg(sid, subject, reply, data, headers)` (the parser's call for each
+MSG and HMSG) and `Subscription._id`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+
+__all__ = ["NO_HEADERS", "AckClient", "ack_error", "frame", "msg_id_header"]
+
+#: The header block of a message without a Nats-Msg-Id.
+NO_HEADERS = b"NATS/1.0\r\n\r\n"
+
+#: A successful PubAck: {"stream":"<name>","seq":<n>[,"duplicate":true]} (the server's
+#: JSON puts "error" first when there is one, and then no "stream").
+_PUB_ACK = b'{"stream":'
+#: The status line of "no responders": no stream holds the subject.
+_NO_RESPONDERS = b"NATS/1.0 503"
+
+#: What an acknowledgement subscription's messages go to: (subject, data, headers).
+AckHandler = Callable[[bytes, bytes, bytes | None], None]
+
+
+def msg_id_header(msg_id: bytes) -> bytes:
+    """The header block carrying `msg_id` as Nats-Msg-Id (JetStream's de-duplication)."""
+    return b"NATS/1.0\r\nNats-Msg-Id: " + msg_id + b"\r\n\r\n"
+
+
+def frame(subject: bytes, reply: bytes, header: bytes, payload: bytes) -> bytes:
+    """The HPUB command line of one message; the caller writes `header`, `payload` and
+    CRLF after it (a batch is joined once, not each frame)."""
+    return b"HPUB %s %s %d %d\r\n" % (subject, reply, len(header), len(header) + len(payload))
+
+
+def ack_error(data: bytes, headers: bytes | None) -> str | None:
+    """None for JetStream's PubAck; else why the message was not stored, in one line."""
+    if data.startswith(_PUB_ACK):
+        return None
+    if not data and headers is not None and headers.startswith(_NO_RESPONDERS):
+        return "no responders"
+    try:
+        error = json.loads(data)["error"]
+        return f"{error['description']} ({error.get('err_code', error.get('code'))})"
+    except (ValueError, KeyError, TypeError):
+        return f"an answer that is not a PubAck: {data[:200]!r}"
+
+
+class AckClient(Client):
+    """A nats-py Client handing the messages of one subscription (`take_acks`) straight
+    to a function, in the parser's order, instead of through a queue and a task."""
+
+    _ack_sid: int | None = None
+    _on_ack: AckHandler | None = None
+
+    def take_acks(self, subscription: Subscription, handler: AckHandler) -> None:
+        """Send `subscription`'s messages to `handler` from now on."""
+        self._ack_sid, self._on_ack = subscription._id, handler
+
+    async def _process_msg(
+        self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes
+    ) -> None:
+        if sid == self._ack_sid and self._on_ack is not None:
+            # nats-py passes None for a message without headers (its annotation says bytes)
+            self._on_ack(subject, data, headers or None)
+        else:
+            await super()._process_msg(sid, subject, reply, data, headers)
