@@ -74,7 +74,7 @@ def _fill(db: Database) -> tuple[list[bytes], ImportTable, list[list[str | None]
     record = Schema(s.timestamp, 77, "public", "t", schema, primary_key=("k",))
     table = ImportTable(record, types, tuple(c.typmod for c in plan.columns))
     # the slot's messages in the same order
-    by_key = {c.modification.after["k"]: c.data for c in changes if c.modification.after}
+    by_key = {int(str(c.modification.after["k"])): c.data for c in changes if c.modification.after}
     return [by_key[k] for k in sorted(by_key)], table, rows
 
 
