@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pg2sink.sinks.kafka.config import KafkaConfig
+from pg2sink.sinks.kafka.debezium import with_key_changes
 from pg2sink.sinks.kafka.sink import KafkaSink
 from pg2sink.sinks.kafka.transactional import ExactlyOnceKafkaSink
 from pg2sink.sinks.kafka.txtopic import TransactionTopicKafkaSink
@@ -16,11 +17,17 @@ class ExactlyOnceTransactionTopicKafkaSink(TransactionTopicKafkaSink, ExactlyOnc
 
 
 def kafka_sink(cfg: KafkaConfig) -> KafkaSink:
-    """The sink `cfg` asks for (not opened)."""
+    """The sink `cfg` asks for (not opened); with --format debezium, one that sends a key
+    change as Debezium does (debezium.py)."""
+    cls = _sink_class(cfg)
+    return (with_key_changes(cls) if cfg.format == "debezium" else cls)(cfg)
+
+
+def _sink_class(cfg: KafkaConfig) -> type[KafkaSink]:
     if cfg.exactly_once and cfg.transaction_topic:
-        return ExactlyOnceTransactionTopicKafkaSink(cfg)
+        return ExactlyOnceTransactionTopicKafkaSink
     if cfg.exactly_once:
-        return ExactlyOnceKafkaSink(cfg)
+        return ExactlyOnceKafkaSink
     if cfg.transaction_topic:
-        return TransactionTopicKafkaSink(cfg)
-    return KafkaSink(cfg)
+        return TransactionTopicKafkaSink
+    return KafkaSink
