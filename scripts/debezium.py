@@ -56,9 +56,10 @@ def java_major(java: Path) -> int | None:
     return int(found.group(2) or 0) if major == 1 else major
 
 
-def java_home() -> Path:
-    """A JDK home whose bin/java is Java >= MIN_JAVA: $DEBEZIUM_JAVA_HOME, $JAVA_HOME, else
-    the newest under /usr/lib/jvm (the default `java` is 17 on this kind of machine)."""
+def java_home(minimum: int = MIN_JAVA, what: str = f"Debezium Server {VERSION}") -> Path:
+    """The newest JDK home whose bin/java is Java >= `minimum` among $DEBEZIUM_JAVA_HOME,
+    $JAVA_HOME and those under /usr/lib/jvm (the default `java` is 17 on this kind of
+    machine); `what` names who needs it in the error."""
     candidates: list[Path] = []
     for var in ("DEBEZIUM_JAVA_HOME", "JAVA_HOME"):
         if os.environ.get(var):
@@ -69,12 +70,12 @@ def java_home() -> Path:
     best: tuple[int, Path] | None = None
     for home in candidates:
         major = java_major(home / "bin" / "java")
-        if major is not None and major >= MIN_JAVA and (best is None or major > best[0]):
+        if major is not None and major >= minimum and (best is None or major > best[0]):
             best = (major, home.resolve())
     if best is None:
         looked = ", ".join(str(c) for c in candidates) or "nothing"
         raise services.ServiceError(
-            f"debezium: Debezium Server {VERSION} needs Java {MIN_JAVA}+; no such JDK found "
+            f"debezium: {what} needs Java {minimum}+; no such JDK found "
             f"(looked at {looked}); install one (e.g. temurin-25-jdk) or set DEBEZIUM_JAVA_HOME"
         )
     return best[1]
