@@ -7,12 +7,12 @@ catalog over a normal connection, cached per OID.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import psycopg
 from psycopg.rows import TupleRow
 
-from pg2sink.catalog.server import primary_key_columns
+from pg2sink.catalog.server import missing_values, primary_key_columns
 from pg2sink.catalog.types import PgType, TypeCache
 
 
@@ -27,6 +27,16 @@ class CatalogLookup(Protocol):
 
     def is_partition(self, relid: int) -> bool:
         """Whether the table is a partition (pg_class.relispartition)."""
+        ...
+
+
+@runtime_checkable
+class MissingValueLookup(Protocol):
+    """A catalog that also tells columns' missing values (the live one does; recorded
+    and test catalogs need not: the builder asks only a catalog that has it)."""
+
+    def missing_values(self, relid: int) -> dict[str, str]:
+        """Per column added with a DEFAULT, what rows stored before it read (its text)."""
         ...
 
 
@@ -61,6 +71,9 @@ class Catalog:
 
     def primary_key(self, relid: int) -> tuple[str, ...]:
         return primary_key_columns(self.conn, relid)
+
+    def missing_values(self, relid: int) -> dict[str, str]:
+        return missing_values(self.conn, relid)
 
     def is_partition(self, relid: int) -> bool:
         row = self.conn.execute(

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pg2sink.errors import ConnectError, ServerConfigError
@@ -101,3 +102,35 @@ def primary_key_columns(conn: psycopg.Connection[TupleRow], relid: int) -> tuple
         (relid,),
     ).fetchall()
     return tuple(r[0] for r in rows)
+
+
+#: The first version that keeps a non-volatile ADD COLUMN default as the column's missing
+#: value instead of rewriting the table (pg_attribute.atthasmissing).
+MISSING_VALUES_VERSION = 110000
+
+
+def missing_values(conn: psycopg.Connection[TupleRow], relid: int) -> dict[str, str]:
+    """Per column of the table that has one, its missing value's text output: what rows
+    stored before `ALTER TABLE ... ADD COLUMN ... DEFAULT` read in that column, as no
+    change of them is logged (pg_attribute.attmissingval; cleared when the table is
+    rewritten, which writes the value into the rows).
+
+    The text is rendered under the replication session's settings, so the value decoders
+    read it as they read pgoutput's. attmissingval is a one-element array of the column's
+    type; array_to_string gives that element's own text (an array column's element is
+    the whole array).
+    https://www.postgresql.org/docs/current/catalog-pg-attribute.html
+    """
+    if conn.info.server_version < MISSING_VALUES_VERSION:
+        return {}
+    with conn.transaction():
+        for name, value in REPLICATION_SESSION_SETTINGS.items():
+            conn.execute(
+                sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(value))
+            )
+        rows = conn.execute(
+            "SELECT attname, array_to_string(attmissingval, '') FROM pg_attribute"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND atthasmissing",
+            (relid,),
+        ).fetchall()
+    return {name: text for name, text in rows if text is not None}

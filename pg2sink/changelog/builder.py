@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pg2sink.catalog.catalog import CatalogLookup
+from pg2sink.catalog.catalog import CatalogLookup, MissingValueLookup
 from pg2sink.changelog.records import Message as MessageRecord
 from pg2sink.changelog.records import Modification, Operation, Record, Schema, Truncation
 from pg2sink.changelog.rows import RowDecoder
@@ -328,6 +328,7 @@ class ChangelogBuilder:
                     schema=schema,
                     relation_id=msg.relation_id,
                     primary_key=primary_key,
+                    missing=self._missing(msg.relation_id, names, converters),
                 )
             )
             log.debug("schema of %s.%s emitted", msg.namespace, msg.name)
@@ -335,6 +336,20 @@ class ChangelogBuilder:
             # after the Schema record: the sink encodes this shape of the table
             rel.write_raw = self.raw_writers(msg.namespace, msg.name)
         self.relations[msg.relation_id] = rel
+
+    def _missing(
+        self,
+        relation_id: int,
+        names: Sequence[str],
+        converters: Sequence[Callable[[bytes], object]],
+    ) -> dict[str, object]:
+        """The table's columns' missing values (Schema.missing), decoded as its rows are."""
+        catalog = self.catalog
+        if not isinstance(catalog, MissingValueLookup):
+            return {}
+        decoders = dict(zip(names, converters, strict=True))
+        texts = catalog.missing_values(relation_id)
+        return {n: decoders[n](t.encode()) for n, t in texts.items() if n in decoders}
 
     def catalog_codec(self, type_oid: int, typmod: int) -> ValueCodec:
         return codec_for(self.catalog.pg_type(type_oid), typmod)

@@ -12,7 +12,7 @@ is built per change on the hot path. Treat them as immutable all the same.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -41,6 +41,11 @@ class Schema:
     """The table's OID (internal; not part of the encoded record)."""
     primary_key: tuple[str, ...] = ()
     """Primary-key column names, in key order (also in schema['pg.primary_key'])."""
+    missing: dict[str, object] = field(default_factory=dict)
+    """Per column added with `ADD COLUMN ... DEFAULT`, the value rows stored before it read
+    (pg_attribute.attmissingval, as the stream decodes values; no change of those rows is
+    logged). For sinks that keep a table's state (internal; not part of the encoded
+    record); empty when the catalog has none or cannot tell."""
 
 
 @dataclass(slots=True)
