@@ -5,6 +5,7 @@ config.py   DuckDBConfig: --duckdb-path
 layout.py   a table's raw columns and DuckDB types, the names, the DDL and the view's SQL
 values.py   Modifications -> an Arrow table of the raw table's columns
 toast.py    unchanged TOASTed values filled from the key's previous row
+missing.py  ADD COLUMN ... DEFAULT: the value old rows read, as DuckDB text for the view
 sink.py     DuckDBSink: batches committed with the acknowledged LSN in one transaction,
             staged import files loaded first
 imports.py  DuckDBImportTarget: executors stage an import's rows as Parquet files

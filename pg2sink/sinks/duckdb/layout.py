@@ -7,9 +7,11 @@ database's `pg2sink_tables`, so a restarted stream finds the same names and colu
 table and the view there (docs/sinks/duckdb.md "Schema evolution").
 
 Raw table: the metadata columns of `META`, a before-image column per key column (the old
-key of a DELETE or of a key-changing UPDATE), then one column per source column, in the
-order they appeared. Names are compared without case, as DuckDB does (PostgreSQL's "A"
-and "a" are two columns, DuckDB's are one): a name already taken gets `_2`, `_3`...
+key of a DELETE or of a key-changing UPDATE; every column of a table without a key, whose
+UPDATEs and DELETEs name the whole old row under REPLICA IDENTITY FULL), then one column
+per source column, in the order they appeared. Names are compared without case, as
+DuckDB does (PostgreSQL's "A" and "a" are two columns, DuckDB's are one): a name already
+taken gets `_2`, `_3`...
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ __all__ = [
     "Layout",
     "duckdb_type",
     "evolve",
+    "non_null",
     "quote",
+    "read",
     "unique_name",
     "view_sql",
 ]
@@ -82,11 +86,11 @@ def duckdb_type(avro: Mapping[str, Any]) -> str:
             return "VARCHAR"  # exact digits as text, as an unconstrained numeric
         return f"DECIMAL({precision},{scale})"
     if kind is Kind.ARRAY:
-        return duckdb_type(_non_null(avro["items"])) + "[]"
+        return duckdb_type(non_null(avro["items"])) + "[]"
     return _BY_KIND[kind]
 
 
-def _non_null(union: Any) -> Mapping[str, Any]:
+def non_null(union: Any) -> Mapping[str, Any]:
     """The value type of a nullable union (["null", T] or ["null", T, "string"])."""
     branch = union[1] if isinstance(union, list) else union
     return {"type": branch} if isinstance(branch, str) else branch
@@ -121,9 +125,16 @@ class Column:
     """Its value kind (codecs.Kind)."""
     key: bool = False
     before: str | None = None
-    """The raw column of its before-image (key columns; kept once made)."""
+    """The raw column of its before-image (key columns, every column of a table without a
+    key; kept once made)."""
     dropped: bool = False
     """Gone from the source table: kept in the raw table, not in the view."""
+    since: int = 0
+    """Raw rows at or before this `_pg2sink_position` were written before the column was
+    added (again, after a DROP): the view reads `missing` for them (0: nothing to read)."""
+    missing: str | None = None
+    """DuckDB's text of the value those rows read (ADD COLUMN ... DEFAULT, Schema.missing),
+    cast to `type` in the view; None: NULL."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +211,12 @@ def new_layout(schema: Schema, taken: set[str]) -> tuple[Layout, list[str]]:
 
 
 def evolve(
-    layout: Layout, schema: Schema, keep: set[str] | frozenset[str] = frozenset()
+    layout: Layout,
+    schema: Schema,
+    keep: set[str] | frozenset[str] = frozenset(),
+    *,
+    position: int = 0,
+    missing: Mapping[str, str] | None = None,
 ) -> tuple[Layout, list[str]]:
     """The Layout after Schema record `schema`, and the statements that make the raw table
     and the view so: new columns added (nullable), widened types applied, columns gone
@@ -209,26 +225,38 @@ def evolve(
 
     `keep`: live columns the Schema record may not know (an import's snapshot, older or
     newer than the stream's last Schema record): they stay as they are, live, and only
-    the columns new to the layout are added."""
+    the columns new to the layout are added.
+
+    `position`: the last raw row written before the Schema record; `missing`: the DuckDB
+    text of the missing values of its columns (missing.py). A column added to a table
+    that has rows, with a missing value, or added again after a DROP, reads its missing
+    value (or NULL) in the view for the raw rows up to `position`."""
     taken = {n.lower() for n, _ in META}
     for c in layout.columns:
         taken.add(c.raw.lower())
         if c.before is not None:
             taken.add(c.before.lower())
     old = {c.column: c for c in layout.columns}
-    keys = set(schema.primary_key)
+    primary_key = layout.primary_key if keep else tuple(schema.primary_key)
+    keys = set(primary_key)
     ddl: list[str] = []
     live: list[Column] = [c for c in layout.live() if c.column in keep]
+    readded = _readded(layout, schema) if not keep else set()
     for field in schema.schema["fields"]:
         name = field["pg.column"]
         if name in keep:
             continue
-        avro = _non_null(field["type"])
+        avro = non_null(field["type"])
         column = _evolved(layout, old.get(name), name, avro, name in keys, taken, ddl)
+        was = old.get(name)
+        if name in readded and was is not None:
+            was = dataclasses.replace(was, dropped=True)
+        column = _since(layout, was, column, position, missing or {})
+        if not keys and column.before is None:
+            column = _with_before(layout, column, taken, ddl)
         live.append(column)
     seen = {c.column for c in live}
     gone = [dataclasses.replace(c, dropped=True) for c in layout.columns if c.column not in seen]
-    primary_key = layout.primary_key if keep else tuple(schema.primary_key)
     evolved = dataclasses.replace(layout, columns=(*live, *gone), primary_key=primary_key)
     if evolved != layout or not layout.columns:
         ddl.append(view_sql(evolved))
@@ -264,9 +292,45 @@ def _evolved(
                 ddl.append(f"ALTER TABLE {raw} ALTER COLUMN {quote(target)} TYPE {duck}")
     column = dataclasses.replace(column, type=duck, kind=kind, key=key, dropped=False)
     if key and column.before is None:
-        before = unique_name(f"_pg2sink_before_{name}", taken)
-        ddl.append(f"ALTER TABLE {raw} ADD COLUMN {quote(before)} {duck}")
-        column = dataclasses.replace(column, before=before)
+        column = _with_before(layout, column, taken, ddl)
+    return column
+
+
+def _readded(layout: Layout, schema: Schema) -> set[str]:
+    """Live columns the Schema record has out of their order: dropped and added again
+    under the same name with no change decoded between (pgoutput describes a table only
+    before a change). PostgreSQL adds columns at the end, so the columns that stayed keep
+    their order; one now after a column it was before is new."""
+    order = {c.column: i for i, c in enumerate(layout.live())}
+    readded, last = set(), -1
+    for field in schema.schema["fields"]:
+        i = order.get(field["pg.column"])
+        if i is None:
+            continue
+        if i < last:
+            readded.add(field["pg.column"])
+        else:
+            last = i
+    return readded
+
+
+def _with_before(layout: Layout, column: Column, taken: set[str], ddl: list[str]) -> Column:
+    """`column` with a before-image column, appending its DDL to `ddl`."""
+    before = unique_name(f"_pg2sink_before_{column.column}", taken)
+    ddl.append(f"ALTER TABLE {quote(layout.raw)} ADD COLUMN {quote(before)} {column.type}")
+    return dataclasses.replace(column, before=before)
+
+
+def _since(
+    layout: Layout, old: Column | None, column: Column, position: int, missing: Mapping[str, str]
+) -> Column:
+    """`column` with what the view reads for raw rows from before it was added: set when
+    it is new to a table that has rows and has a missing value, or back after a DROP
+    (rows from before the DROP would show their old value: PostgreSQL's new column has
+    nothing of the old one's)."""
+    added = old is None and column.column in missing
+    if layout.columns and (added or (old is not None and old.dropped)):
+        return dataclasses.replace(column, since=position, missing=missing.get(column.column))
     return column
 
 
@@ -279,6 +343,19 @@ def view_names(columns: Iterable[Column]) -> list[str]:
     return [unique_name(c.column, taken) for c in columns]
 
 
+def read(column: Column, position: str, raw: str | None = None) -> str:
+    """The SQL of `column`'s value in the view, in a row at `position`: its raw column (or
+    `raw`), or what rows from before the column read (`Column.since`)."""
+    value = quote(raw or column.raw)
+    if not column.since:
+        return value
+    missing = "NULL"
+    if column.missing is not None:
+        text = column.missing.replace("'", "''")
+        missing = f"CAST('{text}' AS {column.type})"
+    return f"CASE WHEN {position} <= {column.since} THEN {missing} ELSE {value} END"
+
+
 def view_sql(layout: Layout) -> str:
     """CREATE OR REPLACE VIEW of the table's latest state (docs/sinks/duckdb.md "The view").
 
@@ -286,21 +363,18 @@ def view_sql(layout: Layout) -> str:
     DELETE (and each UPDATE whose before-image holds another key) removes the old key;
     per key the last event by `_pg2sink_position` (the order the stream delivered them)
     wins, and the key is in the view unless that event is a removal. A table without a
-    key is its INSERT and IMPORT rows since the last TRUNCATE."""
+    key: `_multiset_sql`."""
     live = layout.live()
     names = view_names(live)
     raw = quote(layout.raw)
-    columns = ", ".join(f"{quote(c.raw)} AS {quote(n)}" for c, n in zip(live, names, strict=True))
     since = (
         f"{POSITION} > coalesce((SELECT max({POSITION}) FROM {raw} "
         f"WHERE {OPERATION} = 'TRUNCATE'), -1)"
     )
     keys = layout.key_columns()
     if not keys:
-        return (
-            f"CREATE OR REPLACE VIEW {quote(layout.view)} AS SELECT {columns or 'NULL AS _'} "
-            f"FROM {raw} WHERE {OPERATION} IN ('INSERT', 'IMPORT') AND {since}"
-        )
+        return _multiset_sql(layout, since)
+    columns = ", ".join(f"{read(c, '_p')} AS {quote(n)}" for c, n in zip(live, names, strict=True))
     data = ", ".join(f"{quote(c.raw)}" for c in live)
     new_key = ", ".join(f"{quote(c.raw)} AS _k{i}" for i, c in enumerate(keys))
     old_key = ", ".join(f"{quote(c.before or '')} AS _k{i}" for i, c in enumerate(keys))
@@ -322,6 +396,36 @@ latest AS (
     SELECT *, row_number() OVER (PARTITION BY {partition} ORDER BY _p DESC) AS _n FROM events
 )
 SELECT {columns} FROM latest WHERE _n = 1 AND NOT _removed"""
+
+
+def _multiset_sql(layout: Layout, since: str) -> str:
+    """The view of a table without a key: its rows as a multiset since the last TRUNCATE.
+    Each INSERT, UPDATE and IMPORT row adds its new row, each UPDATE and DELETE takes one
+    copy of its old row away (REPLICA IDENTITY FULL sends the whole old row; without
+    FULL, PostgreSQL refuses UPDATE and DELETE on such a table); a row is in the view as
+    many times as it was added more than taken away. Order plays no part."""
+    live = [c for c in layout.live() if c.before is not None]
+    if not live:  # no columns (or a layout from before keyless before-images)
+        return (
+            f"CREATE OR REPLACE VIEW {quote(layout.view)} AS SELECT NULL AS _ "
+            f"FROM {quote(layout.raw)} WHERE {OPERATION} IN ('INSERT', 'IMPORT') AND {since}"
+        )
+    names = view_names(live)
+    slots = [f"_c{i}" for i in range(len(live))]
+    new = ", ".join(f"{read(c, POSITION)} AS {s}" for c, s in zip(live, slots, strict=True))
+    old = ", ".join(
+        f"{read(c, POSITION, c.before)} AS {s}" for c, s in zip(live, slots, strict=True)
+    )
+    out = ", ".join(f"{s} AS {quote(n)}" for s, n in zip(slots, names, strict=True))
+    return f"""CREATE OR REPLACE VIEW {quote(layout.view)} AS
+WITH changes AS (SELECT * FROM {quote(layout.raw)} WHERE {since}),
+events AS (
+    SELECT 1 AS _n, {new} FROM changes WHERE {OPERATION} IN ('INSERT', 'UPDATE', 'IMPORT')
+    UNION ALL
+    SELECT -1, {old} FROM changes WHERE {OPERATION} IN ('UPDATE', 'DELETE')
+),
+counted AS (SELECT {", ".join(slots)}, CAST(sum(_n) AS BIGINT) AS _n FROM events GROUP BY ALL)
+SELECT {out} FROM counted, range(counted._n) WHERE counted._n > 0"""
 
 
 def raw_columns(layout: Layout) -> Sequence[str]:

@@ -46,6 +46,7 @@ from pg2sink.sinks.duckdb.layout import (
     quote,
     raw_columns,
 )
+from pg2sink.sinks.duckdb.missing import missing_texts
 from pg2sink.sinks.duckdb.toast import Toast
 from pg2sink.sinks.duckdb.values import arrow_batch
 
@@ -345,7 +346,8 @@ class _Transaction:
         ddl: list[str] = []
         if layout is None:
             layout, ddl = new_layout(schema, self._taken_names())
-        layout, more = evolve(layout, schema, keep)
+        missing = missing_texts(self.con, schema)
+        layout, more = evolve(layout, schema, keep, position=self.position, missing=missing)
         for statement in (*ddl, *more):
             self.con.execute(statement)
         if ddl or more:

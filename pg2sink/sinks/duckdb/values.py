@@ -27,7 +27,7 @@ from pg2sink.sinks.duckdb.layout import Layout, raw_columns
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-__all__ = ["arrow_batch", "arrow_type"]
+__all__ = ["arrow_batch", "arrow_type", "value_array"]
 
 _DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
 
@@ -144,6 +144,14 @@ def _column(
                 row = texts[i] = {}
             row[name] = special.text
     return pa.array(out, arrow_type(duck))
+
+
+def value_array(value: object, duck: str) -> pa.Array | None:
+    """One value as a one-element Arrow array of DuckDB type `duck`; None when the type
+    cannot hold it."""
+    texts: list[dict[str, str] | None] = [None]
+    array = _column([value], duck, "", texts)
+    return None if texts[0] else array
 
 
 def arrow_batch(
