@@ -12,6 +12,9 @@ JDK sits beside it (Debian's /usr/lib/jvm, e.g. temurin-25-jdk-amd64), so the
 newest JDK there with a major version >= 21 is chosen explicitly ($DEBEZIUM_JAVA_HOME
 first, then $JAVA_HOME when it is new enough). None: a one-line error.
 
+DebeziumServer runs it as a services.Daemon in a directory of its own (its
+config/application.properties, log and pid file), for tests.
+
 Standard library only, like scripts/services.py, whose cache, lock and download
 helpers it uses.
 """
@@ -24,7 +27,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import services
@@ -120,6 +127,59 @@ def avro_jar() -> Path:
         services._download(url, part, "debezium")
         part.rename(dest)
     return dest
+
+
+@dataclass
+class DebeziumServer(services.OnePortServer):
+    """Debezium Server in `base` (its config/application.properties, log and pid file
+    there), Quarkus's HTTP port on 127.0.0.1:`port`; `properties` are the
+    application.properties beside the port (debezium.source.*, debezium.sink.*...)."""
+
+    name: ClassVar[str] = "debezium"
+    variable: ClassVar[str] = "DEBEZIUM_SERVER_URL"
+    ready_timeout: ClassVar[float] = 180.0
+
+    properties: dict[str, str] = field(default_factory=dict)
+    avro: bool = False
+    """Put Apache Avro on the class path (for Apicurio's Avro converter)."""
+
+    def responds(self) -> bool:
+        """Quarkus's readiness check answers UP (the connector has started)."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/q/health/ready", timeout=2) as r:
+                return int(r.status) == 200
+        except urllib.error.HTTPError as e:
+            e.close()
+            return False
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def running(self) -> bool:
+        return super().running() and self.responds()
+
+    def start(self) -> DebeziumServer:
+        """What run.sh runs, from `base` (Quarkus reads config/ in the working directory)."""
+        if self.running():
+            return self
+        self._stop_stale()
+        dist, home = server_dist(), java_home()
+        (self.base / "config").mkdir(parents=True, exist_ok=True)
+        props = {**self.properties, "quarkus.http.port": str(self.port)}
+        props.setdefault("quarkus.http.host", self.host)
+        services._write_properties(self.base / "config" / "application.properties", props)
+        runner = next(dist.glob("debezium-server-*runner.jar"))
+        path = [str(runner), str(dist / "config" / "lib"), f"{dist / 'lib'}/*"]
+        if self.avro:
+            path.append(str(avro_jar()))
+        cmd = [
+            str(home / "bin" / "java"),
+            f"-Dpg2sink.run.dir={self.base}{os.sep}",  # names `base`: Daemon.pid() checks
+            "-cp",
+            os.pathsep.join(path),
+            "io.debezium.server.Main",
+        ]
+        self._spawn(cmd, self.responds)
+        return self
 
 
 def main() -> int:
