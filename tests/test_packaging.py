@@ -263,11 +263,13 @@ def image_wheel(workspace: Path) -> Path:
     return build_wheel(root / workdir.relative_to("/"), workspace / "dist-image")
 
 
-def test_the_wheel_holds_every_migration_and_the_c_extension(image_wheel: Path) -> None:
+def test_the_wheel_holds_every_migration_and_the_c_extensions(image_wheel: Path) -> None:
     files = wheel_files(image_wheel)
     packaged = sorted(PurePosixPath(f).name for f in files if f.startswith("pg2sink/_migrations/"))
     assert packaged == sorted(p.name for p in MIGRATIONS.glob("*.sql")), files
-    assert [f for f in files if re.fullmatch(r"pg2sink/changelog/_avro_native\..*\.so", f)], files
+    for extension in ("_avro_native", "_rows_native"):
+        built = rf"pg2sink/changelog/{extension}\..*\.so"
+        assert [f for f in files if re.fullmatch(built, f)], files
     assert "pg2sink/imports/log4j2.properties" in files
 
 

@@ -23,11 +23,14 @@ the Avro encoder writes in the "string" branch. docs/types.md is the user-facing
 from __future__ import annotations
 
 from binascii import a2b_hex, b2a_base64
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
+from enum import IntEnum
 
-from pg2sink.logical.fastpath import register_fixed, register_inline
+from pg2sink.changelog import _cmodule
+from pg2sink.logical.fastpath import RowReader, register_fixed, register_inline, register_native
+from pg2sink.logical.messages import UNCHANGED_TOAST
 
 __all__ = ["JsonNumber", "PgArray", "PgText"]
 
@@ -222,3 +225,52 @@ register_fixed(_decode_bool, {b"t": True, b"f": False})
 
 def _json_bytea(text: bytes) -> object:
     return b2a_base64(_decode_bytea(text), newline=False).decode("ascii")  # type: ignore[arg-type]
+
+
+class NativeCode(IntEnum):
+    """How the C row reader converts a column (changelog/_rows_native.c's enum Code)."""
+
+    CALL = 0  # calls the converter, as the Python reader does for a converter it cannot inline
+    TEXT = 1
+    INT = 2
+    BOOL = 3
+    NUMBER = 4
+    FLOAT = 5
+    DATE = 6
+    TIMESTAMP = 7
+    TIMESTAMPTZ = 8
+
+
+#: converter -> what the C reader does instead of calling it: the same result for the
+#: common text, a decline (the general path runs the converter) for the rest
+NATIVE_CODES: Mapping[Callable[[bytes], object], NativeCode] = {
+    _decode_text: NativeCode.TEXT,
+    int: NativeCode.INT,
+    _decode_bool: NativeCode.BOOL,
+    _json_number: NativeCode.NUMBER,
+    _json_float: NativeCode.FLOAT,
+    _decode_date: NativeCode.DATE,
+    _decode_timestamp: NativeCode.TIMESTAMP,
+    _decode_timestamptz: NativeCode.TIMESTAMPTZ,
+}
+
+
+def native_row_reader(
+    names: Sequence[str], converters: Sequence[Callable[[bytes], object]]
+) -> RowReader:
+    """fastpath.compile_row_reader's reader in C (PG2SINK_IMPL=c)."""
+    native = _cmodule.ROWS
+    if native is None:
+        raise RuntimeError("the C row reader is not loaded (PG2SINK_IMPL)")
+    reader: RowReader = native.RowReader(
+        [
+            (name, NATIVE_CODES.get(convert, NativeCode.CALL), convert)
+            for name, convert in zip(names, converters, strict=True)
+        ]
+    )
+    return reader
+
+
+if _cmodule.ROWS is not None:
+    _cmodule.ROWS.install_values(JsonNumber, UNCHANGED_TOAST)
+    register_native(native_row_reader)

@@ -1,4 +1,5 @@
-"""The fast paths must agree with decode() on every message they accept, and decline the rest."""
+"""The fast paths must agree with decode() on every message they accept, and decline the rest
+(the row reader in Python and in C alike)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,18 @@ from pg2sink.logical import fastpath
 from pg2sink.logical.decoder import decode
 from pg2sink.logical.messages import UNCHANGED_TOAST, Begin, Commit, Insert, Update
 from tests.logical import golden
+
+
+@pytest.fixture(autouse=True, params=["python", "c"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test on the Python reader, and on the C one (changelog/_rows_native.c) where
+    PG2SINK_IMPL loaded it: compile_row_reader makes whichever is registered."""
+    if request.param == "python":
+        monkeypatch.setattr(fastpath, "_native", None)
+    elif fastpath._native is None:
+        pytest.skip("PG2SINK_IMPL=python: the C row reader is not loaded")
+    return str(request.param)
+
 
 USERS = ["id", "name", "bio", "m", "big"]
 CONVERTERS: list[Callable[[bytes], object]] = [int, bytes.decode, bytes.decode, bytes.decode, len]
