@@ -71,6 +71,18 @@ CHUNK = 512
 T = TypeVar("T")
 
 
+def _not_eof_noise(record: logging.LogRecord) -> bool:
+    """Drops asyncio's "returning true from eof_received() has no effect when using
+    ssl": nats-py upgrades a plain connection to TLS (start_tls, after the server's
+    INFO), so asyncio's stream protocol does not know it is over TLS and warns each
+    time a TLS server closes the connection (a refused login: then the error line would
+    not be the only one)."""
+    return not record.getMessage().startswith("returning true from eof_received()")
+
+
+logging.getLogger("asyncio").addFilter(_not_eof_noise)
+
+
 class Publisher:
     """One NATS connection on a loop thread; see the module docstring."""
 
@@ -199,8 +211,11 @@ class Publisher:
             options.update(user=cfg.nats_user, password=cfg.nats_password or "")
         if cfg.nats_token is not None:
             options["token"] = cfg.nats_token
-        if cfg.nats_tls_ca:
-            options["tls"] = ssl.create_default_context(cafile=cfg.nats_tls_ca)
+        if cfg.nats_tls_ca or cfg.nats_tls_cert:
+            tls = ssl.create_default_context(cafile=cfg.nats_tls_ca)
+            if cfg.nats_tls_cert:
+                tls.load_cert_chain(cfg.nats_tls_cert, cfg.nats_tls_key)
+            options["tls"] = tls
         # Two quick attempts per server (nats-py's defaults retry for a minute), and no
         # reconnecting by nats-py: see the module docstring.
         # (in the options: nats-py annotates these two int, and takes floats)

@@ -78,6 +78,18 @@ class NatsConfig:
         help="CA certificates (PEM) the server's TLS certificate is checked against; implies TLS",
         metavar="FILE",
     )
+    nats_tls_cert: str | None = flag(
+        None,
+        group=GROUP,
+        help="client certificate (PEM) for servers that verify clients (mutual TLS); implies TLS",
+        metavar="FILE",
+    )
+    nats_tls_key: str | None = flag(
+        None,
+        group=GROUP,
+        help="private key (PEM) of --nats-tls-cert, unless that file holds it",
+        metavar="FILE",
+    )
     nats_ack_timeout: float = duration(
         10.0,
         GROUP,
@@ -121,7 +133,14 @@ class NatsConfig:
             raise ConfigError("--nats-password needs --nats-user")
         if self.nats_token is not None and self.nats_user is not None:
             raise ConfigError("--nats-token and --nats-user exclude each other")
-        for name, path in (("--nats-creds", self.nats_creds), ("--nats-tls-ca", self.nats_tls_ca)):
+        if self.nats_tls_key is not None and self.nats_tls_cert is None:
+            raise ConfigError("--nats-tls-key needs --nats-tls-cert")
+        for name, path in (
+            ("--nats-creds", self.nats_creds),
+            ("--nats-tls-ca", self.nats_tls_ca),
+            ("--nats-tls-cert", self.nats_tls_cert),
+            ("--nats-tls-key", self.nats_tls_key),
+        ):
             if path is not None and not os.access(path, os.R_OK):
                 raise ConfigError(f"cannot read {name} {path!r}")
 
