@@ -51,7 +51,8 @@ demo: setup
 	@bash scripts/demo.sh
 
 # PostgreSQL, Kafka, the schema registry, nats-server with JetStream, kinesalite (the
-# Kinesis API) and a Spark standalone cluster (a master, two workers) on loopback,
+# Kinesis API), a Spark standalone cluster (a master, two workers) and local-bigquery
+# (the BigQuery API) on loopback,
 # addresses in .services/env (docs/testing.md); `.venv/bin/python scripts/services.py
 # start nats kinesis` starts only those
 services: setup

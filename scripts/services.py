@@ -27,6 +27,11 @@ same cache and started on loopback by scripts/kinesalite/server.js; it needs
 `node` and `npm`. Both keep their data in their state directory across
 restarts.
 
+The BigQuery API is local-bigquery, a Python server on DuckDB, installed once
+by pip from scripts/bigquery_emulator/requirements.txt into a Python 3.13
+virtualenv of its own in the same cache, with the DuckDB extensions it loads
+(taken from their PyPI packages: DuckDB's own repository cannot be reached).
+
 Spark is a standalone cluster (a master and two workers of one core each) run
 by the `spark-class` script of the pyspark package in .venv, which is a Spark
 distribution: imports run on it with `--spark-master $SPARK_MASTER_URL`.
@@ -892,6 +897,113 @@ class Kinesalite(OnePortServer):
         return self
 
 
+# --- local-bigquery: the BigQuery REST API on DuckDB ---------------------------
+
+# Every package is pinned here; the cache key is the file's hash.
+BIGQUERY_REQUIREMENTS = REPO / "scripts" / "bigquery_emulator" / "requirements.txt"
+
+
+def _python313() -> str:
+    """A Python 3.13 that runs: on PATH, or a pyenv version (whose shim on PATH may refuse
+    to run a version that is not selected)."""
+    pyenv_root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    found = shutil.which("python3.13")
+    candidates = [found] if found else []
+    candidates += sorted(glob.glob(str(pyenv_root / "versions" / "3.13*" / "bin" / "python3.13")))
+    for python in candidates:
+        res = subprocess.run([python, "--version"], capture_output=True, check=False)
+        if res.returncode == 0:
+            return python
+    raise ServiceError("bigquery: no Python 3.13 found; local-bigquery needs it")
+
+
+def bigquery_emulator_home() -> Path:
+    """local-bigquery's install: `venv/` (Python 3.13, which it requires) and `home/`, the
+    HOME it runs with, whose ~/.duckdb/extensions holds the extensions it loads at start."""
+    key = hashlib.sha256(BIGQUERY_REQUIREMENTS.read_bytes()).hexdigest()[:12]
+    dest = CACHE_DIR / f"local-bigquery-{key}"
+    if (dest / ".complete").exists():
+        return dest
+    with _cache_lock("local-bigquery"):
+        if (dest / ".complete").exists():
+            return dest
+        python = _python313()
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        _say(f"bigquery: installing local-bigquery with pip into {dest} (first run only)")
+        venv_python = str(dest / "venv" / "bin" / "python")
+        # The extensions' wheels hold `extensions/v<duckdb>/<name>.duckdb_extension`;
+        # DuckDB looks in ~/.duckdb/extensions/v<duckdb>/<platform>/.
+        place = (
+            "import duckdb, glob, os, shutil, sys\n"
+            "v = 'v' + duckdb.__version__\n"
+            "platform = duckdb.execute('PRAGMA platform').fetchone()[0]\n"
+            "to = os.path.join(sys.argv[1], '.duckdb', 'extensions', v, platform)\n"
+            "os.makedirs(to, exist_ok=True)\n"
+            "site = os.path.dirname(os.path.dirname(duckdb.__file__))\n"
+            "for f in glob.glob(os.path.join(site, 'duckdb_extension_*', 'extensions', v, '*')):\n"
+            "    shutil.copy(f, to)\n"
+        )
+        for cmd in (
+            [python, "-m", "venv", str(dest / "venv")],
+            [
+                venv_python,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "-r",
+                str(BIGQUERY_REQUIREMENTS),
+            ],
+            [venv_python, "-c", place, str(dest / "home")],
+        ):
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if res.returncode != 0:
+                out = "\n".join((res.stdout + res.stderr).splitlines()[-30:])
+                raise ServiceError(f"bigquery: could not install local-bigquery:\n{out}")
+        (dest / ".complete").touch()
+    return dest
+
+
+@dataclass
+class LocalBigQuery(OnePortServer):
+    """local-bigquery, a BigQuery REST API server, on 127.0.0.1:`port` (`url`, the endpoint
+    a client's api_endpoint takes; its Storage API gRPC port is any free one).
+
+    Projects and datasets live in DuckDB/DuckLake files under `base`/data and survive
+    restarts. It takes any credentials or none (anonymous).
+    """
+
+    name: ClassVar[str] = "bigquery"
+    variable: ClassVar[str] = "BIGQUERY_ENDPOINT"
+    ready_timeout: ClassVar[float] = 120.0
+    stop_timeout: ClassVar[float] = 10.0
+
+    def start(self) -> LocalBigQuery:
+        """Install local-bigquery when needed, start it and wait until it listens."""
+        if self.running():
+            return self
+        self._stop_stale()
+        home = bigquery_emulator_home()
+        self.base.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            str(home / "venv" / "bin" / "local-bigquery"),
+            "serve",
+            "--host=127.0.0.1",
+            f"--port={self.port}",
+            "--grpc-port=0",
+            f"--data-dir={self.base / 'data'}",
+        ]
+        offset = _log_size(self.log)
+        self._spawn(
+            cmd,
+            lambda: _log_has(self.log, offset, b"Uvicorn running") and _port_open(self.port),
+            env={**os.environ, "HOME": str(home / "home")},
+        )
+        return self
+
+
 # --- Spark standalone: a master and workers from pyspark's spark-class -------
 
 
@@ -1211,6 +1323,8 @@ def _make(name: str, directory: Path, ports: list[int]) -> Service:
         return Kinesalite(base=base, port=ports[0])
     if name == "spark":
         return SparkCluster(base=base, ports=ports)
+    if name == "bigquery":
+        return LocalBigQuery(base=base, port=ports[0])
     return SchemaRegistry(base=base, port=ports[0])
 
 
@@ -1222,6 +1336,7 @@ SERVICES: dict[str, int] = {
     "nats": 1,
     "kinesis": 1,
     "spark": 2 + 2 * 2,  # the master's and two workers' RPC and web UI ports
+    "bigquery": 1,
 }
 
 

@@ -317,7 +317,7 @@ def topic_prefix() -> str:
 
 @contextlib.contextmanager
 def _env_or_own_server(
-    variable: str, make: Callable[[Path, int], services.NatsServer | services.Kinesalite]
+    variable: str, make: Callable[[Path, int], services.OnePortServer]
 ) -> Iterator[str]:
     """The address in `variable` when set (`make services` writes it to .services/env),
     else that of a server `make(base, port)` started in a temp directory until exit."""
@@ -356,6 +356,18 @@ def kinesis_endpoint() -> Iterator[str]:
     with _env_or_own_server(
         "KINESIS_ENDPOINT",
         lambda base, port: services.Kinesalite(base=base / "kinesis", port=port),
+    ) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def bigquery_endpoint() -> Iterator[str]:
+    """`http://127.0.0.1:PORT` of local-bigquery, a BigQuery REST API server: BIGQUERY_ENDPOINT
+    when set, else one started for the session. It takes anonymous credentials and any
+    project; datasets outlive a test: name them after `topic_prefix`."""
+    with _env_or_own_server(
+        "BIGQUERY_ENDPOINT",
+        lambda base, port: services.LocalBigQuery(base=base / "bigquery", port=port),
     ) as endpoint:
         yield endpoint
 
