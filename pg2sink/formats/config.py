@@ -48,6 +48,12 @@ class FormatConfig:
         help="with --format debezium, write each key and value with its Kafka Connect "
         "schema (JsonConverter's schemas.enable=true)",
     )
+    debezium_avro: bool = flag(
+        False,
+        group=GROUP,
+        help="with --format debezium on --sink kafka, write keys and values in Avro "
+        "through --schema-registry-url, as Kafka Connect's AvroConverter does",
+    )
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,8 @@ class Formatting:
     """The source's host (psql-streamer's Host); empty: unknown."""
     database: str = ""
     """The source's database (psql-streamer's Database, Debezium's source.db)."""
+    debezium_avro: bool = False
+    """--debezium-avro: Debezium's events in Avro through the registry (Kafka only)."""
 
 
 def origin_of(dsn: str) -> tuple[str, str]:
@@ -97,4 +105,8 @@ def choose(sink: str, supported: tuple[str, ...], config: FormatConfig) -> str |
         )
     if config.debezium_schemas and chosen != "debezium":
         raise ConfigError("--debezium-schemas needs --format debezium")
+    if config.debezium_avro and (chosen != "debezium" or sink != "kafka"):
+        raise ConfigError("--debezium-avro needs --sink kafka --format debezium")
+    if config.debezium_avro and config.debezium_schemas:
+        raise ConfigError("--debezium-avro and --debezium-schemas: choose one")
     return chosen

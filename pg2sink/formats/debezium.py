@@ -34,10 +34,10 @@ from typing import Any
 from pg2sink import __version__
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Modification, Operation, Schema
-from pg2sink.formats.base import Origin, TableEncoder, columns_of, key_columns
+from pg2sink.formats.base import Origin, columns_of, key_columns
 from pg2sink.formats.debezium_types import FieldType, convert_value, field_type
 
-__all__ = ["OPS", "VERSION", "DebeziumEncoder"]
+__all__ = ["OPS", "VERSION", "DebeziumEncoder", "DebeziumTable"]
 
 #: source.version: pg2sink's, so that a reader can tell who wrote the event
 VERSION = f"pg2sink-{__version__}"
@@ -112,7 +112,7 @@ TRANSACTION_SCHEMA: dict[str, Any] = {
 }
 
 
-class _DebeziumTable:
+class DebeziumTable:
     __slots__ = ("_fields", "_key_schema", "_keys", "_name", "_origin", "_value_schema")
 
     def __init__(self, schema: Schema, origin: Origin, schemas: bool) -> None:
@@ -162,19 +162,42 @@ class _DebeziumTable:
         out.update((name, v) for name, v in row.items() if name not in out)
         return out
 
-    def key(self, row: Mapping[str, object]) -> bytes | None:
+    @property
+    def key_schema(self) -> dict[str, Any] | None:
+        """The key's Connect schema; None for a table without a key."""
+        return self._key_struct() if self._keys else None
+
+    @property
+    def value_schema(self) -> dict[str, Any]:
+        """The envelope's Connect schema."""
+        return self._value_schema or self._envelope_schema()
+
+    def key_payload(self, row: Mapping[str, object]) -> dict[str, object] | None:
+        """The key struct's values (JsonConverter's JSON form); None without a key."""
         if not self._keys:
             return None
         fields = self._fields
-        payload = {k: convert_value(fields[k], row.get(k)) for k in self._keys}
+        return {k: convert_value(fields[k], row.get(k)) for k in self._keys}
+
+    def key(self, row: Mapping[str, object]) -> bytes | None:
+        payload = self.key_payload(row)
+        if payload is None:
+            return None
         if self._key_schema is None:
             return dumps(payload)
         return dumps({"schema": self._key_schema, "payload": payload})
 
     def value(self, m: Modification) -> bytes:
+        payload = self.payload(m)
+        if self._value_schema is None:
+            return dumps(payload)
+        return dumps({"schema": self._value_schema, "payload": payload})
+
+    def payload(self, m: Modification) -> dict[str, object]:
+        """The envelope's values (JsonConverter's JSON form)."""
         ts_ms = (m.timestamp - _EPOCH) // _MILLISECOND
         origin = self._origin
-        payload = {
+        return {
             "before": self._row(m.before),
             "after": self._row(m.after),
             "source": {
@@ -195,9 +218,6 @@ class _DebeziumTable:
             "ts_ms": ts_ms,
             "transaction": None,
         }
-        if self._value_schema is None:
-            return dumps(payload)
-        return dumps({"schema": self._value_schema, "payload": payload})
 
 
 class DebeziumEncoder:
@@ -207,5 +227,5 @@ class DebeziumEncoder:
         self._origin = origin
         self._schemas = schemas
 
-    def table(self, schema: Schema) -> TableEncoder:
-        return _DebeziumTable(schema, self._origin, self._schemas)
+    def table(self, schema: Schema) -> DebeziumTable:
+        return DebeziumTable(schema, self._origin, self._schemas)

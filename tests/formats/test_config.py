@@ -24,6 +24,9 @@ def test_the_sinks_default_is_the_first_it_takes() -> None:
         ("nats", MESSAGE, FormatConfig("avro"), "--sink=nats does not take --format avro"),
         ("file", (), FormatConfig("json"), "--format is for --sink kafka, nats or kinesis"),
         ("kafka", ("avro", *MESSAGE), FormatConfig("json", True), "--debezium-schemas needs"),
+        ("nats", MESSAGE, FormatConfig("debezium", debezium_avro=True), "--debezium-avro needs"),
+        ("kafka", MESSAGE, FormatConfig("json", debezium_avro=True), "--debezium-avro needs"),
+        ("kafka", MESSAGE, FormatConfig("debezium", True, True), "choose one"),
     ],
 )
 def test_refusals(

@@ -1,0 +1,202 @@
+"""--format debezium --debezium-avro: Debezium's change events in Avro through the schema
+registry, as Kafka Connect's AvroConverter writes them (the Confluent wire format: magic
+byte 0, the 4-byte schema id, the Avro binary body; subjects `<topic>-key` and
+`<topic>-value`).
+
+The Avro schemas are the Connect schemas of debezium.py (those --debezium-schemas
+writes in JSON) translated by AvroConverter's rules (its default settings):
+
+- a struct is a record named by the Connect name's last part, in the namespace before
+  it (`app.public.users.Envelope`: record `Envelope` in `app.public.users`;
+  `io.debezium.connector.postgresql.Source`), with `connect.name` (and
+  `connect.version`) kept as properties;
+- int8/int16 are Avro ints with `connect.type`, int32 int, int64 long, float32 float,
+  float64 double;
+- a named Connect type (Debezium's semantic types: `io.debezium.time.MicroTimestamp`,
+  `io.debezium.data.Json`...) keeps its name and parameters as `connect.name`,
+  `connect.version` and `connect.parameters` on the Avro type; Connect's `Decimal` is
+  also Avro's `decimal` logical type (precision and scale);
+- an optional field is the union `["null", T]` with default null; one with a Connect
+  default (source.snapshot's "false") is `[T, "null"]` with that default, and
+  `connect.default` on T.
+
+Values are the JSON payload's, with the base64 strings of bytes fields (Decimal,
+bytea, VariableScaleDecimal's value) as bytes.
+"""
+
+from __future__ import annotations
+
+import io
+from base64 import b64decode
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import fastavro
+
+from pg2sink.changelog.records import Modification, Schema
+from pg2sink.formats.base import Origin
+from pg2sink.formats.debezium import DebeziumEncoder, DebeziumTable
+from pg2sink.registry import SchemaRegistry, key_subject, value_subject, wire_header
+
+if TYPE_CHECKING:
+    from pg2sink.changelog.avro_native import NativeRowEncoder
+
+__all__ = ["DebeziumAvroFormat", "avro_schema", "avro_value"]
+
+#: Connect's primitive types in Avro
+_PRIMITIVES = {
+    "int8": "int",
+    "int16": "int",
+    "int32": "int",
+    "int64": "long",
+    "float": "float",
+    "double": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "bytes",
+}
+_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+
+
+def _split(name: str) -> tuple[str, str | None]:
+    """A Connect name as Avro's record name and namespace."""
+    namespace, _, last = name.rpartition(".")
+    return last, namespace or None
+
+
+def _connect_properties(connect: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "version" in connect:
+        out["connect.version"] = connect["version"]
+    if "parameters" in connect:
+        out["connect.parameters"] = dict(connect["parameters"])
+    if "default" in connect:
+        out["connect.default"] = connect["default"]
+    if "name" in connect:
+        out["connect.name"] = connect["name"]
+    return out
+
+
+def _record(connect: Mapping[str, Any], seen: set[str]) -> Any:
+    full = connect.get("name") or "io.confluent.connect.avro.ConnectDefault"
+    if full in seen:  # Avro defines a name once; later uses refer to it
+        return full
+    seen.add(full)
+    name, namespace = _split(full)
+    out: dict[str, Any] = {"type": "record", "name": name}
+    if namespace:
+        out["namespace"] = namespace
+    out["fields"] = [_field(f, seen) for f in connect["fields"]]
+    return {**out, **_connect_properties(connect)}
+
+
+def _field(connect: Mapping[str, Any], seen: set[str]) -> dict[str, Any]:
+    schema = avro_schema(connect, seen)
+    if not connect.get("optional"):
+        return {"name": connect["field"], "type": schema}
+    if connect.get("default") is not None:
+        return {"name": connect["field"], "type": [schema, "null"], "default": connect["default"]}
+    return {"name": connect["field"], "type": ["null", schema], "default": None}
+
+
+def avro_schema(connect: Mapping[str, Any], seen: set[str] | None = None) -> Any:
+    """The Avro schema of a Connect schema (JsonConverter's JSON form), by AvroConverter's
+    rules (see the module docstring); a field's optionality is its field's business.
+    `seen`: the records defined so far in the enclosing schema."""
+    seen = set() if seen is None else seen
+    type_ = connect["type"]
+    if type_ == "struct":
+        return _record(connect, seen)
+    if type_ == "array":
+        items = avro_schema(connect["items"], seen)
+        return {
+            "type": "array",
+            "items": ["null", items] if connect["items"].get("optional") else items,
+        }
+    props = _connect_properties(connect)
+    if type_ in ("int8", "int16"):
+        props = {"connect.type": type_, **props}
+    if connect.get("name") == _DECIMAL:
+        params = connect.get("parameters", {})
+        props["logicalType"] = "decimal"
+        props["precision"] = int(params.get("connect.decimal.precision", 0))
+        props["scale"] = int(params.get("scale", 0))
+    if not props:
+        return _PRIMITIVES[type_]
+    return {"type": _PRIMITIVES[type_], **props}
+
+
+def avro_value(connect: Mapping[str, Any], value: Any) -> Any:
+    """A JSON payload value as the Avro datum of `avro_schema(connect)`: base64 bytes
+    decoded, Decimal as its unscaled bytes (what the decimal logical type holds)."""
+    if value is None:
+        return None
+    type_ = connect["type"]
+    if type_ == "struct":
+        return {f["field"]: avro_value(f, value.get(f["field"])) for f in connect["fields"]}
+    if type_ == "array":
+        return [avro_value(connect["items"], v) for v in value]
+    if type_ == "bytes":
+        return b64decode(value)
+    return value
+
+
+class _AvroTable:
+    """One table shape's keys and values in the wire format."""
+
+    __slots__ = ("_key", "_key_header", "_table", "_value", "_value_header", "native")
+
+    def __init__(self, table: DebeziumTable, registry: SchemaRegistry, topic: str) -> None:
+        self._table = table
+        #: no encoder from pgoutput's bytes: the Python path (sinks/kafka/formats.py)
+        self.native: NativeRowEncoder | None = None
+        value_connect = table.value_schema
+        value_avro = avro_schema(value_connect)
+        self._value = _writer(value_connect, value_avro)
+        self._value_header = wire_header(registry.register(value_subject(topic), value_avro))
+        key_connect = table.key_schema
+        self._key: Callable[[Any], bytes] | None = None
+        self._key_header = b""
+        if key_connect is not None:
+            key_avro = avro_schema(key_connect)
+            self._key = _writer(key_connect, key_avro)
+            self._key_header = wire_header(registry.register(key_subject(topic), key_avro))
+
+    def key(self, row: Mapping[str, object]) -> bytes | None:
+        payload = self._table.key_payload(row)
+        if payload is None or self._key is None:
+            return None
+        return self._key_header + self._key(payload)
+
+    def value(self, m: Modification) -> bytes:
+        return self._value_header + self._value(self._table.payload(m))
+
+
+def _writer(connect: Mapping[str, Any], avro: Any) -> Callable[[Any], bytes]:
+    parsed = fastavro.parse_schema(avro)
+    return partial(_write, connect, parsed)
+
+
+def _write(connect: Mapping[str, Any], parsed: Any, payload: Any) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, parsed, avro_value(connect, payload))
+    return out.getvalue()
+
+
+class DebeziumAvroFormat:
+    """The Kafka sink's Format (sinks/kafka/formats.py) of --format debezium
+    --debezium-avro: each table shape's key and value schemas registered, then the wire
+    format."""
+
+    json_values = False  # the encoder reads both value forms (formats/base.py)
+
+    def __init__(self, origin: Origin, registry: SchemaRegistry) -> None:
+        self._encoder = DebeziumEncoder(origin)
+        self.registry = registry
+
+    def table(self, schema: Schema, topic: str) -> _AvroTable:
+        return _AvroTable(self._encoder.table(schema), self.registry, topic)
+
+    def close(self) -> None:
+        self.registry.close()
