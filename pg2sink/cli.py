@@ -212,7 +212,7 @@ def _sink_config(args: argparse.Namespace, source: SourceConfig) -> object | Non
     config: object = options.build(entry.config, args)
     if chosen is not None:  # a message sink: its format, and whom its messages name
         host, database = origin_of(source.dsn.reveal())
-        formatting = Formatting(formats.debezium_schemas, host, database)
+        formatting = Formatting(formats.debezium_schemas, host, database, formats.debezium_avro)
         config = dataclasses.replace(config, format=chosen, formatting=formatting)  # type: ignore[type-var]
     if isinstance(config, registry.Checked):
         config.check()

@@ -187,8 +187,8 @@ def message_format(cfg: KafkaConfig, registry: SchemaRegistry | None = None) -> 
     of --schema-registry-url), ConfigError without one."""
     if cfg.format == "json":
         return JsonFormat()
-    if cfg.format != "avro":
-        f = cfg.formatting
+    f = cfg.formatting
+    if cfg.format != "avro" and not f.debezium_avro:
         origin = Origin(f.host, f.database, cfg.topic_prefix)
         return EncoderFormat(encoder(cfg.format, origin, f.debezium_schemas))
     if registry is None:
@@ -197,4 +197,8 @@ def message_format(cfg: KafkaConfig, registry: SchemaRegistry | None = None) -> 
         from pg2sink.registry import RegistryClient
 
         registry = RegistryClient(cfg.schema_registry_url, cfg.registry.reveal())
+    if f.debezium_avro:  # --format debezium --debezium-avro
+        from pg2sink.formats.debezium_avro import DebeziumAvroFormat
+
+        return DebeziumAvroFormat(Origin(f.host, f.database, cfg.topic_prefix), registry)
     return AvroFormat(registry)
