@@ -1,7 +1,7 @@
 """The outbox (pglsn's model): each INSERT into an outbox table becomes one message.
 
 An outbox table holds a destination column (the Kafka topic the message goes to, the
-NATS subject under the sink's prefix), a
+NATS subject under the sink's prefix, the Kinesis stream), a
 payload column (the message's value, exactly: a json/jsonb/text value's text as UTF-8,
 a bytea value's bytes) and optionally a key column (the message key: the value's text).
 The application inserts a row in the same transaction as its change of the domain
@@ -143,8 +143,10 @@ def compile_outbox(
     )
 
 
-_SINKS = ("kafka", "nats")
-_UNSUPPORTED = "--outbox publishes to Kafka and NATS only (for now): add --sink kafka or nats"
+_SINKS = ("kafka", "nats", "kinesis")
+_UNSUPPORTED = (
+    "--outbox publishes to Kafka, NATS and Kinesis only: add --sink kafka, nats or kinesis"
+)
 
 
 def check_sink(sink: str, headers: bool = False) -> None:
@@ -162,7 +164,9 @@ def publisher_for(sink: object) -> Publisher:
     - Kafka: to the topic the row names (created by the broker, or checked, as the sink's
       own topics are), with the key and an `lsn` header;
     - NATS: to the subject `<--nats-subject-prefix>.<the row's topic>` (inside the
-      sink's JetStream stream), Nats-Msg-Id `<lsn>:<subject>`; NATS messages have no key.
+      sink's JetStream stream), Nats-Msg-Id `<lsn>:<subject>`; NATS messages have no key;
+    - Kinesis: a record of the stream the row names (which must exist), partition key
+      the key column's text (else the stream's name), data the payload.
 
     Each is the sink's `publish` (sinks/base.PublishesMessages)."""
     if isinstance(sink, PublishesMessages):

@@ -1,8 +1,8 @@
-"""--outbox end to end through Kafka: pg2sink run as a process on a real PostgreSQL and a
-real broker, the messages read back raw.
+"""--outbox end to end through Kafka, NATS and Kinesis: pg2sink run as a process on a real
+PostgreSQL and a real broker (nats-server, kinesalite), the messages read back raw.
 
 Each INSERT into an outbox table is one message on the topic its row names (on NATS:
-the subject under the prefix), its value the
+the subject under the prefix; on Kinesis: the stream), its value the
 payload column's bytes exactly and its key the key column's text; the application's
 DELETE of the row in the same transaction, and later UPDATEs and DELETEs, send nothing;
 the outbox table itself gets no topic of its own.
@@ -11,16 +11,21 @@ the outbox table itself gets no topic of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
 import confluent_kafka as ck
+import orjson
+from botocore.exceptions import ClientError
 
 from tests.conftest import Database, KafkaStack, Pg2Sink, run_cli
 from tests.imports.support import wait_confirmed
 from tests.sinks.test_kafka import Reader, kafka_args, reader, start
+from tests.sinks.test_kinesis import AWS_ENV, create_stream, kinesis_args, read_stream
 from tests.sinks.test_nats import _delete_stream, stored
 from tests.support import FAST
+from tests.test_services import kinesis_client
 
 __all__ = ["reader"]  # the fixture, imported for these tests
 
@@ -100,12 +105,12 @@ def test_outbox_inserts_are_messages_on_the_topic_they_name(
     )
 
 
-def test_outbox_needs_kafka_or_nats(db: Database, tmp_path: Path) -> None:
+def test_outbox_needs_kafka_nats_or_kinesis(db: Database, tmp_path: Path) -> None:
     done = run_cli(
         "stream", "--source", db.dsn, "--file-path", str(tmp_path / "o"), "--outbox", "events"
     )
     assert done.returncode == 2
-    assert "--outbox publishes to Kafka and NATS only (for now)" in done.stderr
+    assert "--outbox publishes to Kafka, NATS and Kinesis only" in done.stderr
     nats = ("--sink", "nats", "--nats-url", "nats://127.0.0.1:1", "--outbox", "events")
     done = run_cli("stream", "--source", db.dsn, *nats, "--outbox-headers-column", "h")
     assert done.returncode == 2
@@ -157,3 +162,52 @@ def test_outbox_inserts_are_messages_on_nats_subjects(
     assert [(s, d) for s, d in got if s == placed] == [(placed, b"one"), (placed, b"two")]
     assert f"{topic_prefix}.public.orders" in {s for s, _ in got}
     assert not any(".events" in s for s, _ in got)  # no Schema record, no change of it
+
+
+def test_outbox_inserts_are_records_on_the_kinesis_streams_they_name(
+    db: Database, kinesis_endpoint: str, topic_prefix: str, pg2sink_proc: Callable[..., Pg2Sink]
+) -> None:
+    client = kinesis_client(kinesis_endpoint)
+    own, placed, missing = topic_prefix, f"{topic_prefix}-placed", f"{topic_prefix}-missing"
+    create_stream(client, own, 1)
+    create_stream(client, placed, 2)
+    conn = db.connect()
+    conn.execute(
+        "CREATE TABLE events (id bigserial PRIMARY KEY, topic text, payload bytea, agg text)"
+    )
+    conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+    args = kinesis_args(kinesis_endpoint, own, "--outbox", "events", "--outbox-key-column", "agg")
+    p = pg2sink_proc(*args, env=dict(AWS_ENV)).start()
+    p.wait_streaming()
+    event = "INSERT INTO events (topic, payload, agg) VALUES (%s, %s, %s)"
+    try:
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (1)")
+            conn.execute(event, (placed, b"\x00one", "order-1"))
+            conn.execute("DELETE FROM events")
+        conn.execute(event, (placed, b"two", None))
+        conn.execute(event, (own, b"three", "order-1"))  # the sink's own stream
+        conn.execute("UPDATE events SET payload = 'four'")
+        wait_confirmed(db, p)
+        # a stream that does not exist stops the stream with one line, unconfirmed: once
+        # it exists, a restart sends the message
+        conn.execute(event, (missing, b"five", None))
+        assert p.proc is not None and p.proc.wait(30) == 2
+        assert f"the outbox names Kinesis stream {missing!r}, which does not exist" in p.stderr()
+        create_stream(client, missing, 1)
+        again = pg2sink_proc(*args, env=dict(AWS_ENV)).start()
+        again.wait_streaming()
+        wait_confirmed(db, again)
+        assert again.stop() == 0
+        got = {s: [(k, d) for _, k, d in read_stream(client, s)] for s in (own, placed, missing)}
+    finally:
+        for name in (own, placed, missing):
+            with contextlib.suppress(ClientError):
+                client.delete_stream(StreamName=name)
+    assert got[missing] == [(missing, b"five")]
+    # the payload's bytes; the key column's text, else the stream's name
+    assert sorted(got[placed]) == sorted([(placed, b"two"), ("order-1", b"\x00one")])
+    orders = [d for k, d in got[own] if k in ("public.orders", '{"id":1}')]
+    assert [orjson.loads(d)["kind"] for d in orders] == ["schema", "modification"]
+    assert [(k, d) for k, d in got[own] if k == "order-1"] == [("order-1", b"three")]
+    assert len(got[own]) == 3  # nothing of the outbox table itself

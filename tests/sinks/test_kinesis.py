@@ -139,6 +139,14 @@ def test_batches_keep_to_the_request_limits() -> None:
     sizes = [len(take_batch(queue)) for _ in range(2)]
     assert sizes == [5, 2] and 5 * (len(big) + 1) <= MAX_REQUEST_BYTES
     assert take_batch(deque()) == []
+    # a request puts to one stream: an outbox record of another stream starts a new one
+    streams = [None, "out", "out", None, None]
+    queue = deque(Entry("k", str(i).encode(), s) for i, s in enumerate(streams))
+    assert [[e.data for e in take_batch(queue)] for _ in range(3)] == [
+        [b"0"],
+        [b"1", b"2"],
+        [b"3", b"4"],
+    ]
 
 
 def test_backoff_is_full_jitter_capped() -> None:

@@ -79,14 +79,16 @@ BACKOFF_CAP = 5.0
 
 
 class Entry:
-    """One record to put: its partition key and data (a slotted class: one is made per
-    change, and a frozen dataclass costs several times as much to make)."""
+    """One record to put: its partition key and data, and the stream it goes to when
+    that is not the sink's (an outbox message: routing/outbox.py). A slotted class: one
+    is made per change, and a frozen dataclass costs several times as much to make."""
 
-    __slots__ = ("data", "key", "size")
+    __slots__ = ("data", "key", "size", "stream")
 
-    def __init__(self, key: str, data: bytes) -> None:
+    def __init__(self, key: str, data: bytes, stream: str | None = None) -> None:
         self.key = key
         self.data = data
+        self.stream = stream
         #: bytes counted against the limits: the data and the key's UTF-8
         self.size = len(data) + len(key.encode())
 
@@ -96,13 +98,15 @@ class Entry:
 
 def take_batch(queue: deque[Entry]) -> list[Entry]:
     """Pop the next request's entries from the head of `queue`: as many as fit in
-    MAX_RECORDS and MAX_REQUEST_BYTES, and always the first (no entry is larger than
-    a request: payload.py refuses one above MAX_RECORD_BYTES)."""
+    MAX_RECORDS and MAX_REQUEST_BYTES, all for the stream of the first (a request puts
+    to one stream), and always the first (no entry is larger than a request: payload.py
+    refuses one above MAX_RECORD_BYTES)."""
     batch: list[Entry] = []
     size = 0
+    stream = queue[0].stream if queue else None
     while queue and len(batch) < MAX_RECORDS:
         entry = queue[0]
-        if batch and size + entry.size > MAX_REQUEST_BYTES:
+        if batch and (size + entry.size > MAX_REQUEST_BYTES or entry.stream != stream):
             break
         batch.append(queue.popleft())
         size += entry.size

@@ -38,7 +38,7 @@ from pg2sink.formats.registry import encoder
 from pg2sink.sinks.kinesis.batching import MAX_KEY_CHARS, MAX_RECORD_BYTES, Entry
 from pg2sink.sinks.kinesis.config import KinesisConfig
 
-__all__ = ["MESSAGES_KEY", "Payload", "json_data", "partition_key", "payload_for"]
+__all__ = ["MESSAGES_KEY", "Payload", "bounded_key", "json_data", "partition_key", "payload_for"]
 
 #: The partition key of Message records whose prefix is empty.
 MESSAGES_KEY = "pg2sink.messages"
@@ -49,7 +49,7 @@ def json_data(record: Record) -> bytes:
     return record_line(record)[:-1]
 
 
-def _bounded(key: str) -> str:
+def bounded_key(key: str) -> str:
     """`key`, or its digest when Kinesis would refuse it as too long."""
     if len(key) <= MAX_KEY_CHARS:
         return key
@@ -63,7 +63,7 @@ def partition_key(m: Modification, key_columns: tuple[str, ...]) -> str:
         row = m.before
     if not key_columns or row is None:  # no key, or a TRUNCATE
         return f"{m.namespace}.{m.name}"
-    return _bounded(dumps({c: row.get(c) for c in key_columns}).decode())
+    return bounded_key(dumps({c: row.get(c) for c in key_columns}).decode())
 
 
 class Payload:
@@ -108,7 +108,7 @@ class Payload:
             entry = Entry(f"{record.namespace}.{record.name}", json_data(record))
         else:
             assert isinstance(record, Message)
-            key = _bounded(record.prefix) if record.prefix else MESSAGES_KEY
+            key = bounded_key(record.prefix) if record.prefix else MESSAGES_KEY
             entry = Entry(key, json_data(record))
         if entry.size > MAX_RECORD_BYTES:
             raise SinkError(_too_large(record, entry.size))

@@ -46,9 +46,9 @@ from botocore.exceptions import ConnectionError as NoConnection
 from pg2sink.changelog.records import Record, Schema
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.options import add_secret
-from pg2sink.sinks.kinesis.batching import Entry
+from pg2sink.sinks.kinesis.batching import MAX_RECORD_BYTES, Entry
 from pg2sink.sinks.kinesis.config import KinesisConfig
-from pg2sink.sinks.kinesis.payload import Payload, payload_for
+from pg2sink.sinks.kinesis.payload import Payload, bounded_key, payload_for
 from pg2sink.sinks.kinesis.sender import MAX_QUEUED, STALL_WAIT, Sender
 
 if TYPE_CHECKING:
@@ -152,6 +152,8 @@ class KinesisSink:
         self._client: KinesisClient | None = None
         self._sender: Sender | None = None
         self._marks = _Marks()
+        #: the streams outbox messages went to, checked once each
+        self._outbox_streams: set[str] = set()
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -209,16 +211,45 @@ class KinesisSink:
             self._marks.forget()  # the sender dropped its queue: PostgreSQL replays it
             raise
 
+    def publish(
+        self,
+        destination: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes | None]],
+        lsn: int,
+    ) -> None:
+        """An outbox message (base.PublishesMessages): a record of the Kinesis stream
+        the row names (which must exist), its data the payload, its partition key the
+        key column's text (the destination when there is none: one shard, in order);
+        headers are refused at start (routing/outbox.check_sink)."""
+        if destination not in self._outbox_streams:
+            if destination != self.cfg.kinesis_stream:
+                assert self._client is not None
+                check_outbox_stream(self._client, self.cfg, destination)
+            self._outbox_streams.add(destination)
+        text = key.decode(errors="replace") if key else destination
+        own = destination == self.cfg.kinesis_stream  # batched with the sink's records
+        entry = Entry(bounded_key(text), value, None if own else destination)
+        if entry.size > MAX_RECORD_BYTES:
+            raise SinkError(
+                f"the outbox message for Kinesis stream {destination!r} at LSN {lsn} is "
+                f"{entry.size:,} bytes with its key, over Kinesis's {MAX_RECORD_BYTES:,}"
+            )
+        self._enqueue(entry)
+
     def _put(self, entries: Sequence[Entry]) -> Mapping[str, Any]:
-        """One PutRecords (the sender's thread); errors as Sender.Put says."""
+        """One PutRecords (the sender's thread): to the entries' stream (one per batch:
+        batching.take_batch); errors as Sender.Put says."""
         assert self._client is not None
+        stream = entries[0].stream or self.cfg.kinesis_stream
         try:
             return self._client.put_records(
-                StreamName=self.cfg.kinesis_stream,
+                StreamName=stream,
                 Records=[{"Data": e.data, "PartitionKey": e.key} for e in entries],
             )
         except ClientError as e:
-            raise _request_error(e, self.cfg) from None
+            raise _request_error(e, stream) from None
         except (
             NoConnection,
             HTTPClientError,
@@ -340,16 +371,31 @@ def ensure_stream(client: KinesisClient, cfg: KinesisConfig) -> None:
         time.sleep(0.1)
 
 
-def _stream_status(client: KinesisClient, cfg: KinesisConfig) -> str | None:
-    """The stream's status (CREATING, ACTIVE...); None when it does not exist."""
+def check_outbox_stream(client: KinesisClient, cfg: KinesisConfig, stream: str) -> None:
+    """SinkError (one line) unless `stream`, named by an outbox row, exists (pg2sink
+    creates only its own stream)."""
+    status = _stream_status(client, cfg, stream)
+    if status is None:
+        raise SinkError(
+            f"the outbox names Kinesis stream {stream!r}, which does not exist "
+            f"({_where(cfg)}): create it"
+        )
+    if status == "DELETING":
+        raise SinkError(f"Kinesis stream {stream!r} (named by the outbox) is being deleted")
+
+
+def _stream_status(
+    client: KinesisClient, cfg: KinesisConfig, stream: str | None = None
+) -> str | None:
+    """The status (CREATING, ACTIVE...) of `stream` (default: the sink's); None when it
+    does not exist."""
+    stream = stream or cfg.kinesis_stream
     try:
-        summary = client.describe_stream_summary(StreamName=cfg.kinesis_stream)
+        summary = client.describe_stream_summary(StreamName=stream)
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
             return None
-        raise SinkError(
-            f"Kinesis refused to describe stream {cfg.kinesis_stream!r}: {_text(e)}"
-        ) from None
+        raise SinkError(f"Kinesis refused to describe stream {stream!r}: {_text(e)}") from None
     except BotoCoreError as e:
         raise SinkError(f"cannot reach Kinesis at {_where(cfg)}: {e}") from None
     return summary["StreamDescriptionSummary"]["StreamStatus"]
@@ -375,11 +421,11 @@ def _text(e: ClientError) -> str:
     return f"{error.get('Code', '?')}: {error.get('Message', '')}".rstrip(": ")
 
 
-def _request_error(e: ClientError, cfg: KinesisConfig) -> SinkError:
+def _request_error(e: ClientError, stream: str) -> SinkError:
     """A whole PutRecords refused: retried (SinkUnavailableError) or not (SinkError)."""
     code = e.response.get("Error", {}).get("Code", "")
     status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-    text = f"Kinesis refused PutRecords to stream {cfg.kinesis_stream!r}: {_text(e)}"
+    text = f"Kinesis refused PutRecords to stream {stream!r}: {_text(e)}"
     if code in _RETRYABLE_CODES or status >= 500:
         return SinkUnavailableError(text)
     return SinkError(text)
