@@ -52,7 +52,7 @@ from pg2sink.sinks.nats.config import NatsConfig, shown_url, url_secrets
 from pg2sink.sinks.nats.imports import NatsImportTarget
 from pg2sink.sinks.nats.sink import NatsSink
 from pg2sink.sinks.nats.subjects import escape, table_subject
-from pg2sink.sinks.nats.wire import msg_id_header
+from pg2sink.sinks.nats.wire import ack_error, msg_id_header
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.test_spark import INTERNAL, check_rows, expected_rows, fill_table, prepare_job
 from tests.support import FAST, Proc
@@ -97,6 +97,22 @@ def test_acks_count_only_without_gaps() -> None:
     publisher._acknowledge(2)  # a repeat's answer changes nothing
     assert publisher.acked == (3, 4, 1111)
     publisher.stop()  # never started: closes its loop
+
+
+def test_answers_to_a_publish_are_told_apart() -> None:
+    assert ack_error(b'{"stream":"error","seq":1}', None) is None  # a stream named error
+    assert ack_error(b'{"stream":"s","seq":2,"duplicate":true}', None) is None
+    refused = b'{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}'
+    assert ack_error(refused, None) == "maximum messages exceeded (10077)"
+    assert ack_error(b"", b"NATS/1.0 503\r\n\r\n") == "no responders"
+    assert ack_error(b"-", None) == "an answer that is not a PubAck: b'-'"
+
+
+def test_an_outbox_destination_that_is_no_subject_is_an_error() -> None:
+    sink = NatsSink(NatsConfig())  # refused before anything is sent
+    for bad in ("a b", "a..b", "a.>", ""):
+        with pytest.raises(SinkError, match=f"outbox destination {bad!r} at LSN 7: dot-sep"):
+            sink.publish(bad, None, b"x", [], 7)
 
 
 NO_SERVER = {"PGHOST": "127.0.0.1", "PGPORT": "1"}
