@@ -65,6 +65,13 @@ class RelayConfig:
         build=Settings.parse,
         secret=True,
     )
+    relay_schema_prefix: bool = flag(
+        False,
+        group=GROUP,
+        help="name each table's schema after its topic's prefix too (a.public.t: schema "
+        "a_public), so that equal table names of several databases stay apart; without it "
+        "a table arriving from a second topic stops the relay",
+    )
     relay_batch_size: int = flag(
         5000,
         group=GROUP,

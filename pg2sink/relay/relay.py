@@ -6,8 +6,10 @@ Per batch (at most --relay-batch-size messages, or what arrived within POLL_WAIT
    registry), the first change of a table shape preceded by the shape's Schema record, so
    the sink creates or evolves the table before its rows; or JSON (decode.json_record),
    the first change of a table preceded by its latest Schema record in the schema topic
-   (schemas.read_schema_topic), a Schema record consumed written as it comes;
-   tombstones (null values) are skipped;
+   (schemas.read_schema_topic; one consumed is written before its table's next
+   change); each table named by names.TableNames (a table of a second topic stops the
+   relay unless --relay-schema-prefix names it after its topic); tombstones (null
+   values) are skipped;
 2. a checkpoint follows every source transaction (a change of topic or xid, or a
    sequence that does not grow), and the batch's end;
 3. the sink is flushed until it has acknowledged the batch's last checkpoint;
@@ -27,8 +29,10 @@ clock goes back), so a sink never takes a new batch for one it holds already.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as KafkaMessage
@@ -37,11 +41,14 @@ from pg2sink.changelog.records import Modification, Schema
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.relay.config import RelayConfig
 from pg2sink.relay.decode import Shape, json_record, schema_id
+from pg2sink.relay.names import TableNames
 from pg2sink.relay.schemas import Shapes, read_schema_topic
 from pg2sink.sinks.base import Sink, UsesSlot
 from pg2sink.subscription.loop import StopRequested
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R", Schema, Modification)
 
 __all__ = ["Marks", "Relay", "consumer_settings"]
 
@@ -101,7 +108,9 @@ class Relay:
         self._shapes: dict[tuple[str, str], Shape] = {}
         #: JSON: each table's latest Schema record known, and those written
         self._schemas: dict[tuple[str, str], Schema] = {}
-        self._written: set[tuple[str, str]] = set()
+        #: (topic, schema, table) of the tables whose latest Schema record is written
+        self._written: set[tuple[str, str, str]] = set()
+        self.names = TableNames(cfg.relay_schema_prefix)
         #: (topic, xid, sequence) of the last change written
         self._last: tuple[str, int, int] | None = None
         self._consumer: Consumer | None = None
@@ -168,11 +177,12 @@ class Relay:
         if self.shapes is None:
             raise SinkError(f"topic {topic!r} is Avro: the relay needs --schema-registry-url")
         shape = self.shapes.get(sid)
-        m = shape.modification(value)
+        namespace = self.names.namespace(topic, shape.namespace, shape.name)
+        m = _renamed(shape.modification(value), namespace)
         self._boundary(topic, m)
-        table = (shape.namespace, shape.name)
+        table = (namespace, shape.name)
         if self._shapes.get(table) is not shape:
-            self.sink.write(shape.schema(m.timestamp, m.lsn))
+            self.sink.write(_renamed(shape.schema(m.timestamp, m.lsn), namespace))
             self._shapes[table] = shape
         self.sink.write(m)
         self.relayed += 1
@@ -187,19 +197,21 @@ class Relay:
             )
         record = json_record(value)
         if isinstance(record, Schema):
+            # written before the table's next change, named as that change's topic says
             table = (record.namespace, record.name)
             self._schemas[table] = record
-            self._written.add(table)
-            self.sink.write(record)
+            self._written = {w for w in self._written if w[1:] != table}
             return
         if not isinstance(record, Modification):
             self.sink.write(record)  # a Message
             return
-        self._boundary(topic, record)
         table = (record.namespace, record.name)
-        if table not in self._written:
-            self.sink.write(self._schema_of(table))
-            self._written.add(table)
+        namespace = self.names.namespace(topic, *table)
+        record = _renamed(record, namespace)
+        self._boundary(topic, record)
+        if (topic, *table) not in self._written:
+            self.sink.write(_renamed(self._schema_of(table), namespace))
+            self._written.add((topic, *table))
         self.sink.write(record)
         self.relayed += 1
 
@@ -264,3 +276,13 @@ class Relay:
         if error.fatal() or error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
             raise SinkError(f"Kafka consumer failed: {error.str()}")
         log.warning("Kafka consumer: %s", error.str())
+
+
+def _renamed(record: R, namespace: str) -> R:
+    """`record` in schema `namespace` (names.TableNames); itself when that is its own."""
+    if record.namespace == namespace:
+        return record
+    if isinstance(record, Schema):
+        row = {**record.schema, "pg.namespace": namespace}
+        return dataclasses.replace(record, namespace=namespace, schema=row)
+    return dataclasses.replace(record, namespace=namespace)

@@ -169,6 +169,49 @@ def test_two_databases_fan_in_to_one_duckdb_file(
     assert slot == f"relay.{group}" and mark > 0
 
 
+def test_equal_table_names_of_two_databases(
+    db: Database, second_db: Database, kafka_stack: KafkaStack, tmp_path: Path
+) -> None:
+    """public.t in both databases: the relay refuses to merge them; with
+    --relay-schema-prefix each lands in a table named after its topic's prefix."""
+    tag = uuid.uuid4().hex[:8]
+    prefixes = (f"ca{tag}", f"cb{tag}")
+    conns, streams = [], []
+    for source, prefix, base in ((db, prefixes[0], 1), (second_db, prefixes[1], 5)):
+        conn = source.connect()
+        conn.execute("SET TimeZone = 'UTC'")
+        conn.execute(f"CREATE TABLE t {TABLE}")
+        conns.append(conn)
+        stream = pg2sink_for(source, tmp_path, *kafka_args(kafka_stack, prefix)).start()
+        streams.append(stream)
+        stream.wait_streaming()
+        workload(conn, "t", base)  # keys 5 to 20 in both: merged, they would collide
+        caught_up(source)
+    topics = [f"{p}.public.t" for p in prefixes]
+    pattern = rf"({prefixes[0]}|{prefixes[1]})\.public\..*"
+    path = tmp_path / "names.duckdb"
+    sink = ("--sink", "duckdb", "--duckdb-path", str(path))
+    refused = relay_proc(kafka_stack, tmp_path, "--topics", pattern, "--group-id", tag, *sink)
+    group = f"prefixed-{tag}"
+    relay = relay_proc(
+        kafka_stack, tmp_path, "--topics", pattern, "--group-id", group,
+        "--relay-schema-prefix", *sink,
+    )  # fmt: skip
+    try:
+        refused.start()
+        assert refused.proc is not None and refused.proc.wait(60) != 0
+        assert "table public.t comes from topics" in refused.stderr()
+        assert lag(kafka_stack, tag, topics) > 0  # nothing past the refusal committed
+        relay_everything(relay, kafka_stack, group, topics, [db, second_db])
+    finally:
+        for p in (*streams, refused, relay):
+            if p.proc is not None and p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait(10)
+    for conn, prefix in zip(conns, prefixes, strict=True):
+        assert duck_rows(path, f"{prefix}_public_t", "id") == pg_rows(conn, "t", "id")
+
+
 def test_a_kill_9_loses_nothing(db: Database, kafka_stack: KafkaStack, tmp_path: Path) -> None:
     """The relay killed while it writes: the committed offsets never pass what the file
     holds, so a restart completes the view (changes may repeat in the raw table)."""
