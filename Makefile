@@ -39,13 +39,15 @@ check: venv
 # reference path (changelog/_cmodule.py; docs/testing.md)
 test: setup
 	PG2SINK_IMPL=c $(VENV)/bin/pytest -q
-	# PG2SINK_IMPL chooses the Avro encoder (C or its Python reference), which only the
-	# Kafka sink's Avro path uses (sinks/kafka/formats.py): the changelog, the golden
-	# files and the Kafka and file sink suites run again on the Python reference.
-	# test_avro_native compares the C encoder with the Python path: it has run above.
-	PG2SINK_IMPL=python $(VENV)/bin/pytest -q tests/changelog tests/golden \
+	# PG2SINK_IMPL chooses the Avro encoder, which only the Kafka sink's Avro path uses
+	# (sinks/kafka/formats.py), and the new-row reader (logical/fastpath.py), C or their
+	# Python references: the changelog, the readers, the golden files and the Kafka and
+	# file sink suites run again on the Python references. test_avro_native and
+	# test_rows_native compare the C code with the Python path: they have run above.
+	PG2SINK_IMPL=python $(VENV)/bin/pytest -q tests/changelog tests/logical tests/golden \
 		tests/sinks/test_kafka.py tests/sinks/test_kafka_topics.py tests/sinks/test_file.py \
-		tests/sinks/test_file_outputs.py --ignore=tests/changelog/test_avro_native.py
+		tests/sinks/test_file_outputs.py --ignore=tests/changelog/test_avro_native.py \
+		--ignore=tests/changelog/test_rows_native.py
 
 demo: setup
 	@bash scripts/demo.sh
