@@ -10,6 +10,7 @@ Kafka again.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from pg2sink import options
@@ -51,6 +52,15 @@ def _sink(args: argparse.Namespace) -> Any:
     return entry.create(config)
 
 
+def _offsets_file(cfg: RelayConfig, args: argparse.Namespace) -> Path | None:
+    """The DuckDB file that keeps the offsets with --relay-exactly-once (offsets.py)."""
+    if not cfg.relay_exactly_once:
+        return None
+    if args.sink != "duckdb":
+        raise ConfigError("--relay-exactly-once needs --sink duckdb")
+    return Path(args.duckdb_path)
+
+
 def run(args: argparse.Namespace) -> None:
     """Relay until SIGINT or SIGTERM."""
     cfg: RelayConfig = options.build(RelayConfig, args)
@@ -72,6 +82,7 @@ def run(args: argparse.Namespace) -> None:
 
     url = kafka.schema_registry_url
     relay = Relay(cfg, sink, Shapes(url, kafka.registry.reveal()) if url else None)
+    relay.offsets_file = _offsets_file(cfg, args)
     stop = StopRequested()
     stop.install()
     try:

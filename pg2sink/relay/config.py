@@ -72,6 +72,12 @@ class RelayConfig:
         "a_public), so that equal table names of several databases stay apart; without it "
         "a table arriving from a second topic stops the relay",
     )
+    relay_exactly_once: bool = flag(
+        False,
+        group=GROUP,
+        help="--sink duckdb: keep the consumed offsets in the DuckDB file, committed with "
+        "the changes, and start from them (no change written twice after a crash)",
+    )
     relay_batch_size: int = flag(
         5000,
         group=GROUP,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -42,6 +43,7 @@ from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.relay.config import RelayConfig
 from pg2sink.relay.decode import Shape, json_record, schema_id
 from pg2sink.relay.names import TableNames
+from pg2sink.relay.offsets import OffsetRows, stored_offsets
 from pg2sink.relay.schemas import Shapes, read_schema_topic
 from pg2sink.sinks.base import Sink, UsesSlot
 from pg2sink.subscription.loop import StopRequested
@@ -111,6 +113,13 @@ class Relay:
         #: (topic, schema, table) of the tables whose latest Schema record is written
         self._written: set[tuple[str, str, str]] = set()
         self.names = TableNames(cfg.relay_schema_prefix)
+        #: --relay-exactly-once: the DuckDB file keeping the offsets (offsets.py)
+        self.offsets_file: Path | None = None
+        self._offset_rows = OffsetRows(cfg.relay_group_id)
+        #: the next offset of each partition consumed since the last checkpoint
+        self._pending: dict[tuple[str, int], int] = {}
+        #: the offsets the file held at start
+        self._stored: dict[tuple[str, int], int] = {}
         #: (topic, xid, sequence) of the last change written
         self._last: tuple[str, int, int] | None = None
         self._consumer: Consumer | None = None
@@ -127,9 +136,11 @@ class Relay:
             raise ConfigError(f"invalid --relay-kafka-config: {e}") from None
         self._consumer = consumer
         try:
+            if self.offsets_file is not None:
+                self._stored = stored_offsets(self.offsets_file, self.cfg.relay_group_id)
             self.sink.open()
             # librdkafka takes a topic starting with ^ as a regular expression
-            consumer.subscribe([f"^({self.cfg.relay_topics})$"])
+            consumer.subscribe([f"^({self.cfg.relay_topics})$"], on_assign=self._on_assign)
             log.info(
                 "pg2sink relay is relaying topics %r from %s (group %s)",
                 self.cfg.relay_topics,
@@ -158,11 +169,12 @@ class Relay:
                 self._consumer_error(error)
                 continue
             topic, value = msg.topic() or "", msg.value()
-            offsets[topic, msg.partition() or 0] = (msg.offset() or 0) + 1
             if value is not None:  # a tombstone (--tombstones) repeats its DELETE's key
                 self._write(topic, value)
-        mark = self.marks.next()
-        self.sink.checkpoint(mark)
+            # after the write: a checkpoint it put before its change covers those before
+            offsets[topic, msg.partition() or 0] = (msg.offset() or 0) + 1
+            self._pending[topic, msg.partition() or 0] = (msg.offset() or 0) + 1
+        mark = self._checkpoint()
         self._wait_for(mark)
         self._commit(offsets)
         log.debug("relayed %d messages; offsets committed", len(batch))
@@ -239,8 +251,33 @@ class Relay:
         last = self._last
         if last is not None and (last[0] != topic or last[1] != m.xid or m.sequence <= last[2]):
             # another transaction: the sink takes the one before as a whole
-            self.sink.checkpoint(self.marks.next())
+            self._checkpoint()
         self._last = (topic, m.xid, m.sequence)
+
+    def _checkpoint(self) -> int:
+        """A checkpoint, after the offsets it covers when the file keeps them."""
+        if self.offsets_file is not None:
+            after = self._last[2] if self._last is not None else -1
+            for record in self._offset_rows.records(self._pending, after):
+                self.sink.write(record)
+        self._pending.clear()
+        mark = self.marks.next()
+        self.sink.checkpoint(mark)
+        return mark
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions given to this relay start where the DuckDB file says, if it does."""
+        for tp in partitions:
+            stored = self._stored.get((tp.topic, tp.partition))
+            if stored is not None:
+                tp.offset = stored
+                log.info(
+                    "%s [%d] starts at offset %d (the DuckDB file's)",
+                    tp.topic,
+                    tp.partition,
+                    stored,
+                )
+        consumer.assign(partitions)
 
     def _wait_for(self, mark: int) -> None:
         """Flush until the sink acknowledges `mark`; SinkUnavailableError after ACK_WAIT."""
