@@ -57,7 +57,7 @@ def test_names_never_collide(tmp_path: Path) -> None:
     tables = [("public", "a_b"), ("public_a", "b"), ("public", "T"), ("public", "t")]
     for i, (ns, name) in enumerate(tables):
         sink.write(schema(ns, name, ("id", INT), ("A", TEXT), ("a", TEXT), ("_pg2sink_lsn", INT)))
-        sink.write(insert(ns, name, 0, id=i, A="upper", a="lower", _pg2sink_lsn=5))
+        sink.write(insert(ns, name, i, id=i, A="upper", a="lower", _pg2sink_lsn=5))
     sink.write(schema("public", "x", ("id", INT)))
     sink.write(schema("public", "x_raw", ("id", INT)))
     sink.checkpoint(200)

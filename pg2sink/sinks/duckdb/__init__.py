@@ -7,7 +7,8 @@ values.py   Modifications -> an Arrow table of the raw table's columns
 toast.py    unchanged TOASTed values filled from the key's previous row
 missing.py  ADD COLUMN ... DEFAULT: the value old rows read, as DuckDB text for the view
 sink.py     DuckDBSink: batches committed with the acknowledged LSN in one transaction,
-            staged import files loaded first
+            staged import files loaded first; a large transaction written in chunks
+transaction.py  what one DuckDB transaction writes: DDL, rows, staged import files
 imports.py  DuckDBImportTarget: executors stage an import's rows as Parquet files
 
 Nothing here imports duckdb at module level but sink.py (the registry imports config.py

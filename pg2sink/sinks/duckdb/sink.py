@@ -2,11 +2,18 @@
 
 Records are held per transaction until its checkpoint (the commit's end LSN), then join
 the batch. `start_flush()` hands the batch to a background thread, which writes it in
-one DuckDB transaction together with its last checkpoint in `pg2sink_state`: the
-Schema records become raw table DDL and views (layout.py), the Modifications rows of the
-raw tables (values.py), numbered by `_pg2sink_position` in the order they came.
-`acknowledged()` is the LSN of the last committed transaction, so PostgreSQL is never
-told of a change DuckDB does not hold.
+one DuckDB transaction together with its last checkpoint in `pg2sink_state`
+(transaction.py): the Schema records become raw table DDL and views (layout.py), the
+Modifications rows of the raw tables (values.py), numbered by `_pg2sink_position` in the
+order they came. `acknowledged()` is the LSN of the last committed transaction, so
+PostgreSQL is never told of a change DuckDB does not hold.
+
+Memory: a PostgreSQL transaction of more than CHUNK_RECORDS records is not held whole.
+The batch before it is committed first; then its records go to DuckDB a chunk at a time,
+inside one DuckDB transaction left open, which commits at the transaction's checkpoint
+with the state row, or rolls back when the transaction starts again (a reconnect), turns
+out to be in the file already, or the sink closes before its commit. A crash leaves the
+open DuckDB transaction uncommitted, which DuckDB discards: exactly once still.
 
 Exactly once: at open the sink reads the LSN stored in the file. The stream restarts at
 the slot's confirmed position, which may be before it (a crash between DuckDB's commit
@@ -35,20 +42,9 @@ from pg2sink.changelog.records import Message, Modification, Record, Schema
 from pg2sink.errors import SinkError
 from pg2sink.logical.lsn import format_lsn
 from pg2sink.sinks.duckdb.config import DuckDBConfig
-from pg2sink.sinks.duckdb.imports import schema_of, staged_files, unfinished_files
-from pg2sink.sinks.duckdb.layout import (
-    META,
-    OPERATION,
-    POSITION,
-    Layout,
-    evolve,
-    new_layout,
-    quote,
-    raw_columns,
-)
-from pg2sink.sinks.duckdb.missing import missing_texts
-from pg2sink.sinks.duckdb.toast import Toast
-from pg2sink.sinks.duckdb.values import arrow_batch
+from pg2sink.sinks.duckdb.imports import staged_files, unfinished_files
+from pg2sink.sinks.duckdb.layout import Layout
+from pg2sink.sinks.duckdb.transaction import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +57,15 @@ STATE_KEY = "pg2sink"
 #: a batch this large is committed at the next checkpoint, after waiting for the one
 #: being committed (memory stays bounded when the stream outruns DuckDB)
 MAX_BATCH_RECORDS = 20_000
+
+#: a PostgreSQL transaction holding this many records goes to DuckDB in chunks of this
+#: size, in a DuckDB transaction left open until its commit (module docstring)
+CHUNK_RECORDS = 5_000
+
+#: DuckDB settings of the sink's connection (the file's readers have their own): a row
+#: group of an open transaction is written to the file as soon as it is full (DuckDB's
+#: default buffers five, 600,000 rows, before writing them)
+MEMORY_SETTINGS = {"write_buffer_row_group_count": "1"}
 
 #: pending_bytes' estimate of a record held in memory
 RECORD_BYTES = 256
@@ -99,6 +104,15 @@ class DuckDBSink:
         self._in_flight: Future[int] | None = None
         self._in_flight_records = 0
         self._failed: SinkError | None = None
+        #: the open transaction's last Modification's sequence (-1: none yet)
+        self._sequence = -1
+        #: the open transaction has chunks in the open DuckDB transaction; their Schema
+        #: records (kept when the transaction starts again); the last chunk's write
+        self._spilling = False
+        self._spilled_schemas: list[Schema] = []
+        self._chunk: Future[None] | None = None
+        #: the open DuckDB transaction (the worker thread's alone)
+        self._open: Transaction | None = None
 
     # --- the Sink protocol ---
 
@@ -114,6 +128,7 @@ class DuckDBSink:
             raise SinkError(f"cannot open --duckdb-path {self.path!r}: {_one_line(e)}") from None
         try:
             con.execute("SET TimeZone = 'UTC'")
+            _limit_memory(con)
             for statement in _INTERNAL:
                 con.execute(statement)
             # the LSN is the slot's; positions run over the whole file
@@ -137,22 +152,36 @@ class DuckDBSink:
         log.debug("duckdb sink writing to %s, from LSN %s", self.path, self._stored)
 
     def write(self, record: Record) -> None:
-        """Hold the record with its transaction's (Messages are not stored)."""
+        """Hold the record with its transaction's (Messages are not stored); a chunk of a
+        large transaction to DuckDB."""
         if record.__class__ is Message:
             return
-        if isinstance(record, Modification) and self._pending:
-            last = self._pending[-1]
-            if isinstance(last, Modification) and record.sequence <= last.sequence:
+        if isinstance(record, Modification):
+            if record.sequence <= self._sequence:
                 # the transaction starts again (a reconnect replays it): what was held of
                 # it is dropped, its Schema records kept (the builder sends them once)
-                self._pending = [r for r in self._pending if isinstance(r, Schema)]
+                schemas = [*self._spilled_schemas]
+                self._drop_open()
+                self._pending = [*schemas, *(r for r in self._pending if isinstance(r, Schema))]
+            self._sequence = record.sequence
         self._pending.append(record)
+        if len(self._pending) >= CHUNK_RECORDS:
+            self._spill()
 
     def checkpoint(self, lsn: int) -> None:
         """The held records are a transaction committed at `lsn`: into the batch, unless
-        the file (or a batch) already has it."""
+        the file (or a batch) already has it; a transaction written in chunks commits."""
         pending, self._pending = self._pending, []
+        self._sequence = -1
+        if self._spilling and lsn > self._taken:
+            self._wait_chunk()
+            self._spilling, self._spilled_schemas = False, []
+            self._taken = lsn
+            self._in_flight_records = len(pending)
+            self._in_flight = self._worker.submit(self._commit, pending, lsn)
+            return
         if lsn <= self._taken:
+            self._drop_open()  # a transaction in chunks that the file holds already
             if lsn <= self._stored and (self._acked is None or lsn > self._acked):
                 if self._acked is None:
                     log.info(
@@ -198,9 +227,11 @@ class DuckDBSink:
         return held * RECORD_BYTES
 
     def close(self) -> None:
-        """Commit what is checkpointed (unless a commit failed), close the file."""
+        """Commit what is checkpointed (unless a commit failed), close the file; a
+        transaction begun in chunks and not committed in PostgreSQL's stream is dropped."""
         try:
             if self._con is not None and self._failed is None:
+                self._drop_open()
                 self.flush()
         finally:
             self._worker.shutdown(wait=True)
@@ -232,35 +263,91 @@ class DuckDBSink:
             self._in_flight.exception()
         self._collect()
 
-    def _commit(self, records: Sequence[Record], lsn: int) -> int:
-        """One DuckDB transaction: the records' DDL and rows, and `lsn` as the state."""
-        con = self._con
-        if con is None:
-            raise SinkError("the duckdb sink was not opened")
-        writer = _Transaction(con, dict(self._layouts), self._position)
-        staged = staged_files(self.path)
+    def _spill(self) -> None:
+        """The held records of the open transaction into the open DuckDB transaction, on
+        the worker thread; the batch before it is committed first, so a rollback of the
+        open one takes nothing else along. One chunk is written while the next is held."""
+        if not self._spilling:
+            self.flush()
+            self._spilling = True
+        self._wait_chunk()
+        chunk, self._pending = self._pending, []
+        self._spilled_schemas.extend(r for r in chunk if isinstance(r, Schema))
+        self._chunk = self._worker.submit(self._write, chunk)
+
+    def _wait_chunk(self) -> None:
+        """Wait for the chunk being written (its error is the sink's from then on)."""
+        chunk, self._chunk = self._chunk, None
+        if chunk is None:
+            return
         try:
-            loaded = self._loaded(staged)
-            con.execute("BEGIN TRANSACTION")
-            for file in staged:
-                if file not in loaded:
-                    writer.load(file)
-            for record in records:
-                writer.add(record)
-            writer.finish()
-            con.execute(
+            chunk.result()
+        except SinkError as e:
+            self._failed = e
+            raise
+
+    def _drop_open(self) -> None:
+        """Roll the open DuckDB transaction of chunks back, if there is one."""
+        if not self._spilling:
+            return
+        self._wait_chunk()
+        self._spilling, self._spilled_schemas = False, []
+        self._worker.submit(self._abort).result()
+
+    # --- on the worker thread ---
+
+    def _commit(self, records: Sequence[Record], lsn: int) -> int:
+        """The records (after the chunks before them, if any) and `lsn` as the state, in
+        one DuckDB transaction, committed."""
+        self._write(records)
+        writer = self._open
+        assert writer is not None and self._con is not None
+        try:
+            self._con.execute(
                 "INSERT OR REPLACE INTO pg2sink_state VALUES (?, ?, ?)",
                 [self.slot, lsn, writer.position],
             )
-            con.execute("COMMIT")
+            self._con.execute("COMMIT")
+        except duckdb.Error as e:
+            self._abort()
+            raise SinkError(f"cannot write to {self.path!r}: {_one_line(e)}") from None
+        self._open = None
+        self._layouts, self._position, self._stored = writer.layouts, writer.position, lsn
+        _remove(writer.staged)
+        return lsn
+
+    def _write(self, records: Sequence[Record]) -> None:
+        """The records' DDL and rows into the open DuckDB transaction, begun (the staged
+        import files loaded first) when there is none; rolled back on an error."""
+        con = self._con
+        if con is None:
+            raise SinkError("the duckdb sink was not opened")
+        try:
+            writer = self._open
+            if writer is None:
+                writer = Transaction(con, dict(self._layouts), self._position)
+                staged = staged_files(self.path)
+                loaded = self._loaded(staged)
+                con.execute("BEGIN TRANSACTION")
+                self._open = writer
+                for file in staged:
+                    if file not in loaded:
+                        writer.load(file)
+                writer.staged = staged
+            for record in records:
+                writer.add(record)
+            writer.finish()
         except (duckdb.Error, SinkError) as e:
-            _rollback(con)
+            self._abort()
             if isinstance(e, SinkError):
                 raise
             raise SinkError(f"cannot write to {self.path!r}: {_one_line(e)}") from None
-        self._layouts, self._position, self._stored = writer.layouts, writer.position, lsn
-        _remove(staged)
-        return lsn
+
+    def _abort(self) -> None:
+        """Roll the open DuckDB transaction back (if any): nothing of it is in the file."""
+        self._open = None
+        if self._con is not None:
+            _rollback(self._con)
 
     def _loaded(self, files: Sequence[str]) -> set[str]:
         """Those of the staged `files` that the database holds already."""
@@ -271,116 +358,13 @@ class DuckDBSink:
         return {f for f in files if os.path.basename(f) in names}
 
 
-class _Transaction:
-    """What one commit writes: DDL for Schema records, rows per table in order."""
-
-    def __init__(
-        self, con: duckdb.DuckDBPyConnection, layouts: dict[tuple[str, str], Layout], position: int
-    ) -> None:
-        self.con = con
-        self.layouts = layouts
-        self.position = position
-        self._rows: dict[tuple[str, str], list[tuple[int, Modification]]] = {}
-
-    def add(self, record: Record) -> None:
-        """A Schema record's DDL now (after the table's rows before it); a row queued."""
-        if isinstance(record, Schema):
-            table = (record.namespace, record.name)
-            self._insert(table)
-            self._apply(record)
-        elif isinstance(record, Modification):
-            table = (record.namespace, record.name)
-            if table not in self.layouts:
-                raise SinkError(f"a change of {record.namespace}.{record.name} before its Schema")
-            self.position += 1
-            self._rows.setdefault(table, []).append((self.position, record))
-
-    def finish(self) -> None:
-        """Insert every table's queued rows."""
-        for table in list(self._rows):
-            self._insert(table)
-
-    def load(self, file: str) -> None:
-        """A staged import file's rows into its table's raw table (imports.py), after the
-        rows queued so far. A row whose key has an IMPORT row of the same or a newer
-        snapshot already is not loaded: a partition staged twice (its executor died
-        before marking it done), or a file of an abandoned attempt renamed late."""
-        import pyarrow.parquet as pq  # type: ignore[import-untyped]
-
-        schema, staged = schema_of(pq.read_schema(file).metadata)
-        table = (schema.namespace, schema.name)
-        layout = self.layouts.get(table)
-        known = set() if layout is None else {c.column for c in layout.live()}
-        if not {c.column for c in staged.live()} <= known:
-            self._insert(table)
-            self._apply(schema, keep=known)
-        layout = self.layouts[table]
-        by_column = {c.column: c for c in layout.columns}
-        meta = [n for n, _ in META if n != POSITION]
-        targets = [*meta, *(by_column[c.column].raw for c in staged.live())]
-        sources = [*meta, *(c.raw for c in staged.live())]
-        raw = quote(layout.raw)
-        query = (
-            f"INSERT INTO {raw} ({quote(POSITION)}, {', '.join(quote(t) for t in targets)}) "
-            f"SELECT ? + row_number() OVER (), {', '.join(f's.{quote(c)}' for c in sources)} "
-            "FROM read_parquet(?) AS s"
-        )
-        staged_by_column = {c.column: c for c in staged.live()}
-        if layout.primary_key and staged.primary_key == layout.primary_key:
-            same = " AND ".join(
-                f"r.{quote(by_column[k].raw)} = s.{quote(staged_by_column[k].raw)}"
-                for k in layout.primary_key
-            )
-            query += (
-                f" WHERE NOT EXISTS (SELECT 1 FROM {raw} AS r WHERE r.{OPERATION} = 'IMPORT' "
-                f"AND r._pg2sink_lsn >= s._pg2sink_lsn AND {same})"
-            )
-        ((count,),) = self.con.execute(query, [self.position, file]).fetchall()
-        self.position += int(count)
-        self.con.execute("INSERT INTO pg2sink_loaded VALUES (?)", [os.path.basename(file)])
-
-    def _apply(self, schema: Schema, keep: set[str] | frozenset[str] = frozenset()) -> None:
-        """Create or evolve the table's raw table and view; keep its Layout."""
-        table = (schema.namespace, schema.name)
-        layout = self.layouts.get(table)
-        ddl: list[str] = []
-        if layout is None:
-            layout, ddl = new_layout(schema, self._taken_names())
-        missing = missing_texts(self.con, schema)
-        layout, more = evolve(layout, schema, keep, position=self.position, missing=missing)
-        for statement in (*ddl, *more):
-            self.con.execute(statement)
-        if ddl or more:
-            self.con.execute(
-                "INSERT OR REPLACE INTO pg2sink_tables VALUES (?, ?, ?)",
-                [schema.namespace, schema.name, orjson.dumps(layout.to_json()).decode()],
-            )
-        self.layouts[table] = layout
-
-    def _taken_names(self) -> set[str]:
-        """Every table and view name in the database, lower-cased."""
-        rows = self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()
-        taken = {str(name).lower() for (name,) in rows}
-        for layout in self.layouts.values():
-            taken.update((layout.raw.lower(), layout.view.lower()))
-        return taken
-
-    def _insert(self, table: tuple[str, str]) -> None:
-        """The queued rows of `table` into its raw table, unchanged TOAST filled in."""
-        rows = self._rows.pop(table, None)
-        if not rows:
-            return
-        layout = self.layouts[table]
-        rows, unchanged = Toast(self.con, layout).fill(rows)
-        batch = arrow_batch(layout, rows, unchanged)
-        names = ", ".join(quote(n) for n in raw_columns(layout))
-        self.con.register("_pg2sink_batch", batch)
-        try:
-            self.con.execute(
-                f"INSERT INTO {quote(layout.raw)} ({names}) SELECT {names} FROM _pg2sink_batch"
-            )
-        finally:
-            self.con.unregister("_pg2sink_batch")
+def _limit_memory(con: duckdb.DuckDBPyConnection) -> None:
+    """The writer's DuckDB settings that bound its memory (MEMORY_SETTINGS), those this
+    DuckDB version has."""
+    names = {name for (name,) in con.execute("SELECT name FROM duckdb_settings()").fetchall()}
+    for name, value in MEMORY_SETTINGS.items():
+        if name in names:
+            con.execute(f"SET {name} = '{value}'")
 
 
 def _remove(files: Iterable[str]) -> None:

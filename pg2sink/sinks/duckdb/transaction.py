@@ -1,0 +1,149 @@
+"""What one DuckDB transaction of the sink writes (sink.py runs it on its thread).
+
+A `Transaction` turns records into statements on the sink's connection, inside a
+DuckDB transaction the sink began: a Schema record's DDL (layout.py) after the rows of its
+table queued before it, Modifications queued per table and inserted through Arrow
+(values.py, unchanged TOAST filled by toast.py) at `finish()`, staged import files loaded
+(imports.py). The sink may call `add` and `finish` several times in one transaction (a
+large PostgreSQL transaction is written in chunks); `position` numbers the raw rows on.
+"""
+
+from __future__ import annotations
+
+import os
+
+import duckdb
+import orjson
+
+from pg2sink.changelog.records import Modification, Record, Schema
+from pg2sink.errors import SinkError
+from pg2sink.sinks.duckdb.imports import schema_of
+from pg2sink.sinks.duckdb.layout import (
+    META,
+    OPERATION,
+    POSITION,
+    Layout,
+    evolve,
+    new_layout,
+    quote,
+    raw_columns,
+)
+from pg2sink.sinks.duckdb.missing import missing_texts
+from pg2sink.sinks.duckdb.toast import Toast
+from pg2sink.sinks.duckdb.values import arrow_batch
+
+__all__ = ["Transaction"]
+
+
+class Transaction:
+    """What one commit writes: DDL for Schema records, rows per table in order."""
+
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, layouts: dict[tuple[str, str], Layout], position: int
+    ) -> None:
+        self.con = con
+        self.layouts = layouts
+        self.position = position
+        #: the staged import files loaded (deleted once the transaction committed)
+        self.staged: list[str] = []
+        self._rows: dict[tuple[str, str], list[tuple[int, Modification]]] = {}
+
+    def add(self, record: Record) -> None:
+        """A Schema record's DDL now (after the table's rows before it); a row queued."""
+        if isinstance(record, Schema):
+            table = (record.namespace, record.name)
+            self._insert(table)
+            self._apply(record)
+        elif isinstance(record, Modification):
+            table = (record.namespace, record.name)
+            if table not in self.layouts:
+                raise SinkError(f"a change of {record.namespace}.{record.name} before its Schema")
+            self.position += 1
+            self._rows.setdefault(table, []).append((self.position, record))
+
+    def finish(self) -> None:
+        """Insert every table's queued rows."""
+        for table in list(self._rows):
+            self._insert(table)
+
+    def load(self, file: str) -> None:
+        """A staged import file's rows into its table's raw table (imports.py), after the
+        rows queued so far. A row whose key has an IMPORT row of the same or a newer
+        snapshot already is not loaded: a partition staged twice (its executor died
+        before marking it done), or a file of an abandoned attempt renamed late."""
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+        schema, staged = schema_of(pq.read_schema(file).metadata)
+        table = (schema.namespace, schema.name)
+        layout = self.layouts.get(table)
+        known = set() if layout is None else {c.column for c in layout.live()}
+        if not {c.column for c in staged.live()} <= known:
+            self._insert(table)
+            self._apply(schema, keep=known)
+        layout = self.layouts[table]
+        by_column = {c.column: c for c in layout.columns}
+        meta = [n for n, _ in META if n != POSITION]
+        targets = [*meta, *(by_column[c.column].raw for c in staged.live())]
+        sources = [*meta, *(c.raw for c in staged.live())]
+        raw = quote(layout.raw)
+        query = (
+            f"INSERT INTO {raw} ({quote(POSITION)}, {', '.join(quote(t) for t in targets)}) "
+            f"SELECT ? + row_number() OVER (), {', '.join(f's.{quote(c)}' for c in sources)} "
+            "FROM read_parquet(?) AS s"
+        )
+        staged_by_column = {c.column: c for c in staged.live()}
+        if layout.primary_key and staged.primary_key == layout.primary_key:
+            same = " AND ".join(
+                f"r.{quote(by_column[k].raw)} = s.{quote(staged_by_column[k].raw)}"
+                for k in layout.primary_key
+            )
+            query += (
+                f" WHERE NOT EXISTS (SELECT 1 FROM {raw} AS r WHERE r.{OPERATION} = 'IMPORT' "
+                f"AND r._pg2sink_lsn >= s._pg2sink_lsn AND {same})"
+            )
+        ((count,),) = self.con.execute(query, [self.position, file]).fetchall()
+        self.position += int(count)
+        self.con.execute("INSERT INTO pg2sink_loaded VALUES (?)", [os.path.basename(file)])
+
+    def _apply(self, schema: Schema, keep: set[str] | frozenset[str] = frozenset()) -> None:
+        """Create or evolve the table's raw table and view; keep its Layout."""
+        table = (schema.namespace, schema.name)
+        layout = self.layouts.get(table)
+        ddl: list[str] = []
+        if layout is None:
+            layout, ddl = new_layout(schema, self._taken_names())
+        missing = missing_texts(self.con, schema)
+        layout, more = evolve(layout, schema, keep, position=self.position, missing=missing)
+        for statement in (*ddl, *more):
+            self.con.execute(statement)
+        if ddl or more:
+            self.con.execute(
+                "INSERT OR REPLACE INTO pg2sink_tables VALUES (?, ?, ?)",
+                [schema.namespace, schema.name, orjson.dumps(layout.to_json()).decode()],
+            )
+        self.layouts[table] = layout
+
+    def _taken_names(self) -> set[str]:
+        """Every table and view name in the database, lower-cased."""
+        rows = self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+        taken = {str(name).lower() for (name,) in rows}
+        for layout in self.layouts.values():
+            taken.update((layout.raw.lower(), layout.view.lower()))
+        return taken
+
+    def _insert(self, table: tuple[str, str]) -> None:
+        """The queued rows of `table` into its raw table, unchanged TOAST filled in."""
+        rows = self._rows.pop(table, None)
+        if not rows:
+            return
+        layout = self.layouts[table]
+        rows, unchanged = Toast(self.con, layout).fill(rows)
+        batch = arrow_batch(layout, rows, unchanged)
+        names = ", ".join(quote(n) for n in raw_columns(layout))
+        self.con.register("_pg2sink_batch", batch)
+        try:
+            self.con.execute(
+                f"INSERT INTO {quote(layout.raw)} ({names}) SELECT {names} FROM _pg2sink_batch"
+            )
+        finally:
+            self.con.unregister("_pg2sink_batch")

@@ -1,0 +1,86 @@
+"""A large transaction goes to DuckDB in chunks, inside one DuckDB transaction that
+commits with its checkpoint (sink.py, CHUNK_RECORDS): memory holds a chunk, never the
+transaction, and nothing of it is in the file or acknowledged before its commit; a
+transaction started again, already in the file, or unfinished at close leaves nothing.
+A real embedded DuckDB, records made here (CHUNK_RECORDS made small)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pg2sink.changelog.records import Modification, Operation
+from pg2sink.sinks.duckdb import sink as sink_module
+from pg2sink.sinks.duckdb.sink import RECORD_BYTES, DuckDBSink
+from tests.sinks.test_duckdb_layout import INT, NOW, TEXT, insert, opened, query, schema
+
+CHUNK = 5
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sink_module, "CHUNK_RECORDS", CHUNK)
+
+
+def update(sequence: int, id: int, a: str) -> Modification:
+    return Modification(
+        NOW, sequence, 100, 7, Operation.UPDATE, "public", "t", None, {"id": id, "a": a}
+    )
+
+
+def write_transaction(sink: DuckDBSink, rows: int, first: int = 0) -> None:
+    for i in range(rows):
+        sink.write(insert("public", "t", i, id=first + i, a=f"r{first + i}"))
+        # less than a chunk held (and a batch not committed yet until the first chunk)
+        assert sink.pending_bytes() < (CHUNK + 2) * RECORD_BYTES
+
+
+def test_a_large_transaction_commits_whole_with_its_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "chunks.duckdb"
+    sink = opened(path)
+    sink.write(schema("public", "t", ("id", INT), ("a", TEXT)))
+    sink.write(insert("public", "t", 0, id=0, a="small"))
+    sink.checkpoint(100)  # committed on its own before the chunks begin
+    write_transaction(sink, 23, first=1)
+    sink.write(update(23, 1, "updated in the same transaction"))
+    assert sink.acknowledged() == 100  # the batch before, not the open transaction
+    sink.checkpoint(200)
+    assert sink.flush() == 200
+    sink.close()
+    rows = query(path, "SELECT _pg2sink_position, id, a FROM public_t_raw ORDER BY 1")
+    assert [r[0] for r in rows] == list(range(1, 26))  # every row once, in order
+    assert query(path, "SELECT a FROM public_t WHERE id = 1") == [
+        ("updated in the same transaction",)
+    ]
+    assert query(path, "SELECT lsn, position FROM pg2sink_state") == [(200, 25)]
+
+
+def test_a_transaction_started_again_keeps_nothing_of_its_first_chunks(tmp_path: Path) -> None:
+    path = tmp_path / "torn.duckdb"
+    sink = opened(path)
+    sink.write(schema("public", "t", ("id", INT), ("a", TEXT)))  # in the first chunk
+    write_transaction(sink, 12)
+    write_transaction(sink, 7, first=100)  # a reconnect sends it again from its start
+    sink.checkpoint(300)
+    assert sink.flush() == 300
+    sink.close()
+    assert query(path, "SELECT min(id), count(*) FROM public_t_raw") == [(100, 7)]
+
+
+def test_chunks_of_a_transaction_the_file_holds_are_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "held.duckdb"
+    sink = opened(path)
+    sink.write(schema("public", "t", ("id", INT), ("a", TEXT)))
+    write_transaction(sink, 12)
+    sink.checkpoint(300)
+    sink.close()
+    again = opened(path)  # the stream replays from the slot's older position
+    again.write(schema("public", "t", ("id", INT), ("a", TEXT)))
+    write_transaction(again, 12)
+    again.checkpoint(300)
+    assert again.acknowledged() == 300
+    write_transaction(again, 8, first=50)  # not committed before the close: dropped
+    again.close()
+    assert query(path, "SELECT count(*), max(id) FROM public_t_raw") == [(12, 11)]
+    assert query(path, "SELECT lsn FROM pg2sink_state") == [(300,)]
