@@ -317,7 +317,8 @@ def topic_prefix() -> str:
 
 @contextlib.contextmanager
 def _env_or_own_server(
-    variable: str, make: Callable[[Path, int], services.OnePortServer]
+    variable: str,
+    make: Callable[[Path, int], services.NatsServer | services.Kinesalite | services.LocalBigQuery],
 ) -> Iterator[str]:
     """The address in `variable` when set (`make services` writes it to .services/env),
     else that of a server `make(base, port)` started in a temp directory until exit."""
