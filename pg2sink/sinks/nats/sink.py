@@ -10,7 +10,7 @@ Each message has a Nats-Msg-Id, so JetStream stores a message replayed within th
 stream's duplicate window once.
 
 Publishing (client.py): `write` appends the message to a batch, handed to the loop
-thread every BATCH messages and at each checkpoint, flush and acknowledgement check;
+thread every BATCH messages and at each flush and acknowledgement check;
 JetStream acknowledges each message on a reply subject of its own. The sink counts the
 messages it wrote and remembers, per checkpoint, how many came before it: a checkpoint
 is acknowledged once that many messages are acknowledged with no gap, so `acknowledged()`
@@ -235,7 +235,10 @@ class NatsSink:
             checkpoints[-1] = (self._written, lsn)  # no message since
         else:
             checkpoints.append((self._written, lsn))
-        self._submit()
+        # Not handed over here: a commit of one change each would wake the loop thread,
+        # and write to the socket, once per message. The batch goes at BATCH messages,
+        # or when the stream asks for acknowledgements or a flush (each time it has
+        # caught up with the server, and every 512 messages while a flush is pending).
 
     def start_flush(self) -> None:
         self._submit()
