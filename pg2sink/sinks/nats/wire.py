@@ -8,7 +8,8 @@ becomes a `Msg`, goes through an asyncio.Queue to the subscription's task, and i
 in a callback. That was most of the sink's CPU per message (docs/benchmarks.md, "NATS
 publishing path"). Here the sink builds a message's header block once (`msg_id_header`),
 the loop thread joins a batch of frames into one write (`frame`), and the replies of the
-acknowledgement subscription go to a plain function (`AckClient`).
+acknowledgement subscription go to a plain function (`AckClient`), read by one regular
+expression per reply where nats-py's parser tries several (`AckParser`).
 
 The frame, per the NATS protocol (https://docs.nats.io/reference/reference-protocols/nats-protocol#hpub):
 
@@ -22,18 +23,21 @@ nats-py internals this relies on (nats-py 2.x; every test of the sink exercises 
 `Client._send_command(bytes)` (appends to the pending buffer, written in order with
 nats-py's own commands), `Client._flush_pending()` (wakes its flusher),
 `Client._process_msg(sid, subject, reply, data, headers)` (the parser's call for each
-MSG and HMSG) and `Subscription._id`.
+MSG and HMSG), `Client._ps` (its parser), `Subscription._id`, and the parser's `buf` and
+`state`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
+from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 
-__all__ = ["NO_HEADERS", "AckClient", "ack_error", "frame", "msg_id_header"]
+__all__ = ["NO_HEADERS", "AckClient", "AckParser", "ack_error", "frame", "msg_id_header"]
 
 #: The header block of a message without a Nats-Msg-Id.
 NO_HEADERS = b"NATS/1.0\r\n\r\n"
@@ -46,6 +50,10 @@ _NO_RESPONDERS = b"NATS/1.0 503"
 
 #: What an acknowledgement subscription's messages go to: (subject, data, headers).
 AckHandler = Callable[[bytes, bytes, bytes | None], None]
+
+#: A reply without headers nor reply subject: `MSG <subject> <sid> <size>\r\n` (the
+#: server writes two spaces before the size, where a reply subject would be).
+_MSG = re.compile(rb"MSG ([^ \r\n]+) (\d+) +(\d+)\r\n")
 
 
 def msg_id_header(msg_id: bytes) -> bytes:
@@ -72,12 +80,49 @@ def ack_error(data: bytes, headers: bytes | None) -> str | None:
         return f"an answer that is not a PubAck: {data[:200]!r}"
 
 
+class AckParser(Parser):
+    """nats-py's parser, reading first the replies of the acknowledgement subscription
+    at the head of what arrived (MSG frames; one cut at the end of a read waits for the
+    next), then leaving the rest to nats-py: any other frame, a reply with headers."""
+
+    def __init__(self, nc: AckClient) -> None:
+        super().__init__(nc)
+        self._client = nc
+
+    async def parse(self, data: bytes = b"") -> None:
+        nc = self._client
+        sid, handler = nc._ack_sid, nc._on_ack
+        if self.state == AWAITING_CONTROL_LINE and handler is not None:
+            buf = self.buf
+            buf.extend(data)
+            data = b""
+            pos, size, match = 0, len(buf), _MSG.match
+            cut = False
+            while (m := match(buf, pos)) is not None and int(m[2]) == sid:
+                start = m.end()
+                end = start + int(m[3])
+                if end + 2 > size:
+                    cut = True  # its payload has not all arrived: read on
+                    break
+                handler(m[1], bytes(buf[start:end]), None)
+                pos = end + 2  # past the payload's CRLF
+            if pos:
+                del buf[:pos]
+            if cut:
+                return  # the next read completes it (nats-py would then parse the rest)
+        await super().parse(data)
+
+
 class AckClient(Client):
     """A nats-py Client handing the messages of one subscription (`take_acks`) straight
     to a function, in the parser's order, instead of through a queue and a task."""
 
     _ack_sid: int | None = None
     _on_ack: AckHandler | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ps = AckParser(self)
 
     def take_acks(self, subscription: Subscription, handler: AckHandler) -> None:
         """Send `subscription`'s messages to `handler` from now on."""
