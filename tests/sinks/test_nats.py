@@ -52,7 +52,7 @@ from pg2sink.sinks.nats.config import NatsConfig, shown_url, url_secrets
 from pg2sink.sinks.nats.imports import NatsImportTarget
 from pg2sink.sinks.nats.sink import NatsSink
 from pg2sink.sinks.nats.subjects import escape, table_subject
-from pg2sink.sinks.nats.wire import ack_error, msg_id_header
+from pg2sink.sinks.nats.wire import AckClient, ack_error, msg_id_header
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.test_spark import INTERNAL, check_rows, expected_rows, fill_table, prepare_job
 from tests.support import FAST, Proc
@@ -106,6 +106,33 @@ def test_answers_to_a_publish_are_told_apart() -> None:
     assert ack_error(refused, None) == "maximum messages exceeded (10077)"
     assert ack_error(b"", b"NATS/1.0 503\r\n\r\n") == "no responders"
     assert ack_error(b"-", None) == "an answer that is not a PubAck: b'-'"
+
+
+def test_replies_are_read_whole_wherever_a_read_cuts_them() -> None:
+    """AckParser's own path (MSG frames of the acknowledgement subscription) and nats-py's
+    (a reply with headers, a frame of another subscription) in one byte stream, cut in
+    two at every position, as the server writes them (two spaces before the size)."""
+    ack = b'{"stream":"s", "seq":1}'
+    stream = (
+        b"MSG _I.1.0 7  %d\r\n%s\r\n" % (len(ack), ack)
+        + b"HMSG _I.1.1 7 16 16\r\nNATS/1.0 503\r\n\r\n\r\n"
+        + b"MSG other 9  2\r\nhi\r\n"
+        + b"MSG _I.1.2 7 %d\r\n%s\r\n" % (len(ack), ack)
+    )
+    got: list[tuple[bytes, bytes, bytes | None]] = []
+    client = AckClient()
+    client._ack_sid = 7
+    client._on_ack = lambda subject, data, headers: got.append((subject, data, headers))
+    for cut in range(len(stream) + 1):
+        got.clear()
+        client._ps.reset()
+        asyncio.run(client._ps.parse(stream[:cut]))
+        asyncio.run(client._ps.parse(stream[cut:]))
+        assert got == [
+            (b"_I.1.0", ack, None),
+            (b"_I.1.1", b"", b"NATS/1.0 503\r\n\r\n"),
+            (b"_I.1.2", ack, None),
+        ], cut
 
 
 def test_an_outbox_destination_that_is_no_subject_is_an_error() -> None:
