@@ -15,7 +15,11 @@ checked against its SHA-1; it holds the PostgreSQL driver). `jdbc-sink` runs a
 standalone worker in the foreground (Ctrl-C stops it) with one JDBC sink connector.
 
 The worker reads keys and values with JsonConverter and schemas.enable=true, which is
-what `pg2sink stream --format debezium --debezium-schemas` writes. The connector
+what `pg2sink stream --format debezium --debezium-schemas` writes; with
+`--schema-registry-url` the connector reads Avro through the registry instead
+(`--debezium-avro`), with Apicurio's AvroConverter (`fetch` puts it in a plugin
+directory of its own, from the jars of Debezium Server's distribution: neither
+Confluent's converter nor Apicurio's converter artifact is on Maven Central). The connector
 upserts by the record key, deletes on `op: d` and truncates on `op: t`; a key change
 is Debezium's DELETE then CREATE (pg2sink sends it so with --format debezium).
 
@@ -137,6 +141,49 @@ def jdbc_plugin() -> Path:
     return dest
 
 
+#: the jars of Debezium Server's distribution that Apicurio's AvroConverter needs (by
+#: name prefix): the converter and its registry client, Apache Avro's (avro_jar), and
+#: what they use; Kafka's own classes come from the worker
+AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
+_CONVERTER_JARS = (
+    "apicurio-", "jackson-", "kiota-", "microsoft-kiota-", "std-uritemplate", "opentelemetry-",
+    "commons-", "vertx-", "netty-",
+)  # fmt: skip
+
+
+def avro_converter_plugin() -> Path:
+    """A plugin.path directory holding Apicurio's AvroConverter (Kafka Connect's Avro
+    through a registry: Confluent's is not on Maven Central, nor is Apicurio's converter
+    artifact), made once from Debezium Server's distribution (scripts/debezium.py)."""
+    dest = services.CACHE_DIR / f"apicurio-converter-{debezium.VERSION}"
+    if (dest / ".complete").exists():
+        return dest
+    lib = debezium.server_dist() / "lib"
+    jars = [j for j in sorted(lib.glob("*.jar")) if j.name.startswith(_CONVERTER_JARS)]
+    jars.append(debezium.avro_jar())
+    with services._cache_lock("apicurio-converter"):
+        if (dest / ".complete").exists():
+            return dest
+        shutil.rmtree(dest, ignore_errors=True)
+        (dest / "apicurio-converter").mkdir(parents=True)
+        for jar in jars:
+            (dest / "apicurio-converter" / jar.name).symlink_to(jar)
+        (dest / ".complete").touch()
+    return dest
+
+
+def avro_converters(registry_url: str) -> dict[str, str]:
+    """A connector's key and value converters for Avro through the registry at
+    `registry_url` (Confluent's API, /apis/ccompat/v7, or Apicurio's v3): the wire
+    format's 4-byte id is the registry's content id, which its Confluent API answers."""
+    url = registry_url.replace("/apis/ccompat/v7", "/apis/registry/v3")
+    out: dict[str, str] = {}
+    for part in ("key", "value"):
+        out[f"{part}.converter"] = AVRO_CONVERTER
+        out[f"{part}.converter.apicurio.registry.url"] = url
+    return out
+
+
 def java_home() -> Path:
     """The JDK the worker runs on (see the module docstring)."""
     return debezium.java_home(MIN_JAVA, f"Debezium's JDBC sink {JDBC_VERSION}")
@@ -190,8 +237,10 @@ class KafkaConnect(services.OnePortServer):
     bootstrap_servers: str = ""
     heap: str = "512m"
     settings: dict[str, str] = field(default_factory=dict)
+    avro: bool = False
+    """Also Apicurio's AvroConverter on the plugin path (avro_converter_plugin)."""
 
-    def worker_config(self, plugins: Path) -> dict[str, str]:
+    def worker_config(self, plugins: str) -> dict[str, str]:
         """worker.properties: JSON with schemas (what --debezium-schemas writes), offsets
         in a file of `base`, the REST API on loopback only."""
         return {
@@ -202,7 +251,7 @@ class KafkaConnect(services.OnePortServer):
             "value.converter.schemas.enable": "true",
             "offset.storage.file.filename": str(self.base / "offsets"),
             "offset.flush.interval.ms": "1000",
-            "plugin.path": str(plugins),
+            "plugin.path": plugins,
             "plugin.discovery": "only_scan",
             "listeners": f"http://{self.host}:{self.port}",
             # a fresh consumer group reads each topic from its start
@@ -228,10 +277,12 @@ class KafkaConnect(services.OnePortServer):
         if self.running():
             return self
         self._stop_stale()
-        libs, plugins, home = connect_libs(), jdbc_plugin(), java_home()
+        libs, plugins, home = connect_libs(), [jdbc_plugin()], java_home()
+        if self.avro:
+            plugins.append(avro_converter_plugin())
         self.base.mkdir(parents=True, exist_ok=True)
         props = self.base / "worker.properties"
-        services._write_properties(props, self.worker_config(plugins))
+        services._write_properties(props, self.worker_config(",".join(map(str, plugins))))
         (self.base / "log4j2.properties").write_text(LOG4J)
         cmd = [
             str(home / "bin" / "java"),
@@ -290,19 +341,24 @@ def _fetch() -> int:
     libs, plugin, home = connect_libs(), jdbc_plugin(), java_home()
     print(f"kafka connect {kafka_version()}: {libs}")
     print(f"debezium-connector-jdbc {JDBC_VERSION}: {plugin}")
+    print(f"apicurio avro converter: {avro_converter_plugin()}")
     print(f"java {debezium.java_major(home / 'bin' / 'java')}: {home}")
     return 0
 
 
 def _jdbc_sink(args: argparse.Namespace) -> int:
     try:
-        config = jdbc_sink_config(args.target, args.topics_regex)
+        extra = avro_converters(args.schema_registry_url) if args.schema_registry_url else {}
+        config = jdbc_sink_config(args.target, args.topics_regex, extra)
     except ValueError as e:
         print(f"connect: {e}", file=sys.stderr)
         return 2
     base = Path(args.dir).resolve()
     worker = KafkaConnect(
-        base=base, port=args.port or services.free_port(), bootstrap_servers=args.bootstrap_servers
+        base=base,
+        port=args.port or services.free_port(),
+        bootstrap_servers=args.bootstrap_servers,
+        avro=bool(args.schema_registry_url),
     )
     worker.start()
     worker.add(args.name, config)
@@ -335,6 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     run.add_argument("--topics-regex", required=True, help="the topics to read (a regex)")
     run.add_argument("--target", required=True, help="postgresql://user@host:port/database")
+    run.add_argument(
+        "--schema-registry-url",
+        help="Avro topics (--format debezium --debezium-avro): the registry's URL "
+        "(default: JSON with schemas, --debezium-schemas)",
+    )
     run.add_argument("--name", default="pg2sink-jdbc-sink", help="the connector's name")
     run.add_argument("--dir", default=".connect", help="the worker's directory (log, offsets)")
     run.add_argument("--port", type=int, default=0, help="the REST API's port (default: free)")

@@ -5,9 +5,11 @@ topics to a second PostgreSQL database, which then equals the source.
 The workload covers the common types, inserts, updates, deletes, key changes (a
 one-column key, and a two-column key under REPLICA IDENTITY FULL) and a TRUNCATE through
 `pg2sink stream`, and imported rows (`op: r`) through the Kafka sink's import target
-(an import through the CLI would start Spark: tests/imports/ does). The connector
-creates the target tables from the schemas pg2sink writes (--debezium-schemas); its
-column types are its own (numeric without a scale becomes double precision, jsonb
+(an import through the CLI would start Spark: tests/imports/ does). Twice: JSON with
+schemas (--debezium-schemas, JsonConverter), and Avro through the schema registry
+(--debezium-avro, Apicurio's AvroConverter: Confluent's is not on Maven Central). The
+connector creates the target tables from the schemas pg2sink writes; its column types
+are its own (numeric without a scale becomes double precision, jsonb
 json), so the tables are compared by each value's text, which PostgreSQL writes the
 same for both.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import kafka_connect
 import psycopg
@@ -109,14 +110,15 @@ def differences(got: Rows | None, want: Rows | None) -> list[str]:
     ]
 
 
-def write_import(stack: KafkaStack, prefix: str) -> Rows:
+def write_import(stack: KafkaStack, prefix: str, avro: bool) -> Rows:
     """Rows of table public.t through the Kafka sink's import target (what an import
     sends, `op: r`, without starting Spark for it), and the rows they are."""
     cfg = KafkaConfig(
         bootstrap_servers=stack.bootstrap_servers,
+        schema_registry_url=stack.registry_url,
         topic_prefix=prefix,
         format="debezium",
-        formatting=Formatting(debezium_schemas=True, database="app"),
+        formatting=Formatting(debezium_schemas=not avro, database="app", debezium_avro=avro),
     )
     table = import_table()  # public.t (id int8 PRIMARY KEY, v text)
     target = KafkaImportTarget(cfg).begin(table.schema)
@@ -131,12 +133,17 @@ def target(db: Database) -> Iterator[Database]:
         yield target
 
 
-@pytest.fixture
-def worker(tmp_path: Path, kafka_stack: KafkaStack) -> Iterator[kafka_connect.KafkaConnect]:
+@pytest.fixture(scope="module")
+def worker(
+    tmp_path_factory: pytest.TempPathFactory, kafka_stack: KafkaStack
+) -> Iterator[kafka_connect.KafkaConnect]:
+    """One worker for the module's tests, with the Avro converter too; each test adds a
+    connector of its own."""
     w = kafka_connect.KafkaConnect(
-        base=tmp_path / "connect",
+        base=tmp_path_factory.mktemp("connect"),
         port=services.free_port(),
         bootstrap_servers=kafka_stack.bootstrap_servers,
+        avro=True,
     )
     try:
         w.start()
@@ -147,7 +154,9 @@ def worker(tmp_path: Path, kafka_stack: KafkaStack) -> Iterator[kafka_connect.Ka
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("avro", [False, True], ids=["json-schemas", "avro"])
 def test_jdbc_sink_connector_makes_an_equal_copy(
+    avro: bool,
     db: Database,
     target: Database,
     pg2sink_proc: Proc,
@@ -159,7 +168,8 @@ def test_jdbc_sink_connector_makes_an_equal_copy(
     conn.execute(f"CREATE TABLE types ({TYPES})")
     conn.execute("CREATE TABLE pair (a int, b text, v text, PRIMARY KEY (a, b))")
     conn.execute("ALTER TABLE pair REPLICA IDENTITY FULL")
-    args = ("--format", "debezium", "--debezium-schemas", "--tombstones")
+    encoding = "--debezium-avro" if avro else "--debezium-schemas"
+    args = ("--format", "debezium", encoding, "--tombstones")
     # avro=True only adds --schema-registry-url (avro=False would add --format json)
     p = start(pg2sink_proc, kafka_stack, topic_prefix, *args)
     workload(conn)
@@ -167,8 +177,9 @@ def test_jdbc_sink_connector_makes_an_equal_copy(
     config = kafka_connect.jdbc_sink_config(
         f"postgresql://postgres@{target.server.host}:{target.server.port}/{target.name}",
         rf"{topic_prefix}\.public\..*",
+        kafka_connect.avro_converters(kafka_stack.registry_url) if avro else None,
     )
-    imported = write_import(kafka_stack, topic_prefix)
+    imported = write_import(kafka_stack, topic_prefix, avro)
     worker.add(name, config)
     want = {t: rows(db.dsn, t, key) for t, key in TABLES.items()}
     assert want["types"] is not None and len(want["types"]) == 10
