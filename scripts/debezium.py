@@ -130,23 +130,14 @@ def avro_jar() -> Path:
 
 
 @dataclass
-class DebeziumServer(services.OnePortServer):
-    """Debezium Server in `base` (its config/application.properties, log and pid file
-    there), Quarkus's HTTP port on 127.0.0.1:`port`; `properties` are the
-    application.properties beside the port (debezium.source.*, debezium.sink.*...)."""
+class HttpServer(services.OnePortServer):
+    """A Java server that runs when GET `ready_path` answers 200 (its readiness check)."""
 
-    name: ClassVar[str] = "debezium"
-    variable: ClassVar[str] = "DEBEZIUM_SERVER_URL"
-    ready_timeout: ClassVar[float] = 180.0
-
-    properties: dict[str, str] = field(default_factory=dict)
-    avro: bool = False
-    """Put Apache Avro on the class path (for Apicurio's Avro converter)."""
+    ready_path: ClassVar[str] = "/"
 
     def responds(self) -> bool:
-        """Quarkus's readiness check answers UP (the connector has started)."""
         try:
-            with urllib.request.urlopen(f"{self.url}/q/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"{self.url}{self.ready_path}", timeout=2) as r:
                 return int(r.status) == 200
         except urllib.error.HTTPError as e:
             e.close()
@@ -156,6 +147,23 @@ class DebeziumServer(services.OnePortServer):
 
     def running(self) -> bool:
         return super().running() and self.responds()
+
+
+@dataclass
+class DebeziumServer(HttpServer):
+    """Debezium Server in `base` (its config/application.properties, log and pid file
+    there), Quarkus's HTTP port on 127.0.0.1:`port`; `properties` are the
+    application.properties beside the port (debezium.source.*, debezium.sink.*...)."""
+
+    name: ClassVar[str] = "debezium"
+    variable: ClassVar[str] = "DEBEZIUM_SERVER_URL"
+    ready_timeout: ClassVar[float] = 180.0
+    #: Quarkus's readiness check: UP once the connector has started
+    ready_path: ClassVar[str] = "/q/health/ready"
+
+    properties: dict[str, str] = field(default_factory=dict)
+    avro: bool = False
+    """Put Apache Avro on the class path (for Apicurio's Avro converter)."""
 
     def start(self) -> DebeziumServer:
         """What run.sh runs, from `base` (Quarkus reads config/ in the working directory)."""

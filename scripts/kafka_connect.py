@@ -226,13 +226,14 @@ def jdbc_sink_config(
 
 
 @dataclass
-class KafkaConnect(services.OnePortServer):
+class KafkaConnect(debezium.HttpServer):
     """A standalone Kafka Connect worker in `base`, its REST API on 127.0.0.1:`port`;
     connectors are added with `add` (POST /connectors)."""
 
     name: ClassVar[str] = "connect"
     variable: ClassVar[str] = "KAFKA_CONNECT_URL"
     ready_timeout: ClassVar[float] = 120.0
+    ready_path: ClassVar[str] = "/connectors"
 
     bootstrap_servers: str = ""
     heap: str = "512m"
@@ -258,19 +259,6 @@ class KafkaConnect(services.OnePortServer):
             "consumer.auto.offset.reset": "earliest",
             **self.settings,
         }
-
-    def responds(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/connectors", timeout=2) as r:
-                return int(r.status) == 200
-        except urllib.error.HTTPError as e:
-            e.close()
-            return False
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def running(self) -> bool:
-        return super().running() and self.responds()
 
     def start(self) -> KafkaConnect:
         """Fetch what is missing, start the worker and wait until its REST API answers."""
