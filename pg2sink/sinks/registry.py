@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pg2sink.errors import ConfigError
 from pg2sink.formats.registry import ENCODED as MESSAGE_FORMATS
+from pg2sink.sinks.bigquery.config import GROUP as BIGQUERY_GROUP
+from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.duckdb.config import GROUP as DUCKDB_GROUP
 from pg2sink.sinks.duckdb.config import DuckDBConfig
 from pg2sink.sinks.file.config import GROUP as FILE_GROUP
@@ -90,6 +92,13 @@ def _duckdb_imports(config: DuckDBConfig) -> ImportTarget:
     from pg2sink.sinks.duckdb.imports import DuckDBImportTarget
 
     return DuckDBImportTarget(config.duckdb_path)
+
+
+def _bigquery(config: BigQueryConfig) -> Sink:
+    # google-cloud-bigquery is the optional [bigquery] extra
+    from pg2sink.sinks.bigquery.sink import BigQuerySink
+
+    return BigQuerySink(config)
 
 
 def _file(config: FileConfig) -> Sink:
@@ -205,6 +214,14 @@ SINKS: tuple[SinkEntry, ...] = (
         DUCKDB_GROUP,
         extra="duckdb",
         imports=_duckdb_imports,
+    ),
+    SinkEntry(
+        "bigquery",
+        "Google BigQuery: raw changelog tables and latest-state views",
+        _bigquery,
+        BigQueryConfig,
+        BIGQUERY_GROUP,
+        extra="bigquery",
     ),
     SinkEntry(
         "null",

@@ -1,0 +1,12 @@
+"""The BigQuery sink (--sink=bigquery): a raw changelog table and a latest-state view per
+source table in a BigQuery dataset, the DuckDB sink's model (docs/sinks/bigquery.md).
+
+config.py   BigQueryConfig: --bigquery-project, --bigquery-dataset, --bigquery-location,
+            --bigquery-endpoint
+schema.py   BigQuery types and table schemas of the DuckDB sink's layouts; the view's SQL
+sink.py     BigQuerySink: a batch per flush, one Parquet load job per table with an id
+            derived from (slot, table, LSN range); acknowledged when every job is DONE
+
+Nothing here imports google-cloud-bigquery at module level but sink.py (the registry
+imports config.py always, and the client is the optional [bigquery] extra).
+"""

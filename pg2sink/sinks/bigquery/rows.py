@@ -1,0 +1,142 @@
+"""Rows for BigQuery's load jobs: the DuckDB sink's Arrow batches (values.py) made fit for
+BigQuery, unchanged TOASTed values read back from BigQuery, and the values old rows read
+for a column added with a DEFAULT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from google.cloud import bigquery
+
+from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.pgvalues import PgText
+from pg2sink.changelog.records import Modification, Schema
+from pg2sink.sinks.bigquery.schema import bigquery_type, quote
+from pg2sink.sinks.duckdb.layout import OPERATION, POSITION, Layout
+from pg2sink.sinks.duckdb.toast import Toast
+from pg2sink.sinks.duckdb.values import arrow_batch
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    from pg2sink.sinks.bigquery.warehouse import Warehouse
+
+__all__ = ["BigQueryToast", "missing_values", "state_rows", "table_rows"]
+
+TEXT = "_pg2sink_text"
+
+
+def table_rows(
+    layout: Layout,
+    rows: Sequence[tuple[int, Modification]],
+    unchanged: Sequence[list[str] | None],
+) -> pa.Table:
+    """The raw table rows of `rows` (values.arrow_batch), the map of PostgreSQL's text
+    for values a type cannot hold as JSON text (BigQuery has no MAP)."""
+    import pyarrow as pa
+
+    table = arrow_batch(layout, rows, unchanged)
+    texts = [None if t is None else dict(t) for t in table.column(TEXT).to_pylist()]
+    for c in layout.columns:
+        if c.type.endswith("[]"):
+            table = _arrays_without_nulls(table, c.raw, c.column, texts)
+            if c.before is not None:  # before-images keep no text (values.arrow_batch)
+                table = _arrays_without_nulls(table, c.before, c.column, [None] * len(rows))
+    as_json = [None if t is None else orjson.dumps(t).decode() for t in texts]
+    index = table.schema.get_field_index(TEXT)
+    return table.set_column(index, TEXT, pa.array(as_json, pa.string()))
+
+
+def _arrays_without_nulls(
+    table: pa.Table, raw: str, column: str, texts: list[dict[str, str] | None]
+) -> pa.Table:
+    """BigQuery's arrays hold no NULL element: such an array is left out (an empty array:
+    BigQuery has no NULL array either) and its JSON form kept in `texts`, as values.py
+    keeps values a type cannot hold."""
+    import pyarrow as pa
+
+    values = table.column(raw).to_pylist()
+    if not any(v is not None and None in v for v in values):
+        return table
+    for i, v in enumerate(values):
+        if v is not None and None in v:
+            texts[i] = {**(texts[i] or {}), column: dumps(v).decode()}
+            values[i] = None
+    index = table.schema.get_field_index(raw)
+    return table.set_column(index, raw, pa.array(values, table.schema.field(raw).type))
+
+
+def state_rows(slot: str, lsn: int, position: int) -> pa.Table:
+    """The state table's row of a batch."""
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "slot": pa.array([slot], pa.string()),
+            "lsn": pa.array([lsn], pa.int64()),
+            "position": pa.array([position], pa.int64()),
+        }
+    )
+
+
+def missing_values(schema: Schema) -> dict[str, str]:
+    """The text of each column's missing value (ADD COLUMN ... DEFAULT), as the DuckDB
+    sink makes it (missing.py, on an in-memory DuckDB); the view casts it to the
+    column's BigQuery type."""
+    if not schema.missing:
+        return {}
+    import duckdb
+
+    from pg2sink.sinks.duckdb.missing import missing_texts
+
+    with duckdb.connect() as con:
+        con.execute("SET TimeZone = 'UTC'")
+        return missing_texts(con, schema)
+
+
+class BigQueryToast(Toast):
+    """The DuckDB sink's Toast (fills unchanged TOASTed values from the key's previous
+    row), the previous row read from the BigQuery raw table."""
+
+    def __init__(self, warehouse: Warehouse, layout: Layout) -> None:
+        self.warehouse = warehouse
+        self.layout = layout
+        self.keys = [c.column for c in layout.key_columns()]
+
+    def _stored_row(self, key: tuple[object, ...]) -> dict[str, object] | None:
+        """The key's last INSERT/UPDATE/IMPORT row since the last TRUNCATE."""
+        layout = self.layout
+        live = layout.live()
+        raw = quote(f"{self.warehouse.dataset}.{layout.raw}")
+        params = []
+        where = []
+        for i, (c, value) in enumerate(zip(layout.key_columns(), key, strict=True)):
+            field = bigquery_type(c.raw, c.type)
+            params.append(bigquery.ScalarQueryParameter(f"k{i}", field.type, _param(value)))
+            where.append(f"{quote(c.raw)} = @k{i}")
+        columns = ", ".join(
+            f"TO_JSON_STRING({quote(c.raw)})" if c.type == "JSON" else quote(c.raw) for c in live
+        )
+        found = self.warehouse.query(
+            f"SELECT TO_JSON_STRING({TEXT}), {columns} FROM {raw} "
+            f"WHERE {OPERATION} IN ('INSERT', 'UPDATE', 'IMPORT') AND {' AND '.join(where)} "
+            f"AND {POSITION} > COALESCE((SELECT MAX({POSITION}) FROM {raw} "
+            f"WHERE {OPERATION} = 'TRUNCATE'), -1) ORDER BY {POSITION} DESC LIMIT 1",
+            params,
+        )
+        if not found:
+            return None
+        row = found[0]
+        texts: dict[str, str] = orjson.loads(row[0]) if row[0] not in (None, "null") else {}
+        values: dict[str, object] = {}
+        for c, value in zip(live, list(row)[1:], strict=True):
+            text = texts.get(c.column)
+            values[c.column] = PgText(text) if text is not None else value
+        return values
+
+
+def _param(value: object) -> Any:
+    return str(value) if isinstance(value, PgText) else value

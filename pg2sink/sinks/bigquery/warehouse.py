@@ -1,0 +1,254 @@
+"""The BigQuery calls of the sink: the client, the dataset, raw tables and views, load
+jobs with deterministic ids, the state table (docs/sinks/bigquery.md).
+
+A raw table keeps its Layout (the DuckDB sink's, pg2sink.sinks.duckdb.layout) as JSON in
+its description, patched together with its schema in one tables.patch, so a restarted
+stream finds the same names and columns. The state table `_pg2sink_state` gets a row
+(slot, LSN, last position) per batch, loaded after the batch's rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import re
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from google.api_core import exceptions as google_errors
+from google.cloud import bigquery
+
+from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.sinks.bigquery.config import BigQueryConfig
+from pg2sink.sinks.bigquery.schema import Field, clustering, table_fields, view_sql
+from pg2sink.sinks.duckdb.layout import Layout
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+log = logging.getLogger(__name__)
+
+__all__ = ["STATE_TABLE", "Warehouse", "client"]
+
+STATE_TABLE = "_pg2sink_state"
+#: the description of a raw table starts with this, then its Layout as JSON
+LAYOUT_MARK = "pg2sink layout: "
+#: a load job id that failed is spent (BigQuery keeps it): the next attempt gets `_<n+1>`
+MAX_ATTEMPTS = 5
+#: how long a load job may take before the batch fails (retried by the stream)
+JOB_TIMEOUT = 600.0
+_NOT_IN_ID = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def client(config: BigQueryConfig) -> bigquery.Client:
+    """A client of the project: Google's default credentials (ADC,
+    GOOGLE_APPLICATION_CREDENTIALS); with --bigquery-endpoint and none found, anonymous."""
+    import google.auth
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials, Credentials
+
+    options = None
+    credentials: Credentials | None = None
+    if config.bigquery_endpoint:
+        options = ClientOptions(api_endpoint=config.bigquery_endpoint)
+        try:
+            google.auth.default()
+        except google.auth.exceptions.DefaultCredentialsError:
+            credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    try:
+        return bigquery.Client(
+            project=config.bigquery_project, credentials=credentials, client_options=options
+        )
+    except google.auth.exceptions.DefaultCredentialsError as e:
+        raise SinkError(f"--sink=bigquery: no Google credentials: {_one_line(e)}") from None
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:500]
+
+
+def _schema(fields: Sequence[Field]) -> list[bigquery.SchemaField]:
+    out = []
+    for f in fields:
+        mode = "REPEATED" if f.repeated else "NULLABLE"
+        if f.precision is None or f.scale is None:
+            out.append(bigquery.SchemaField(f.name, f.type, mode=mode))
+        else:
+            out.append(
+                bigquery.SchemaField(
+                    f.name, f.type, mode=mode, precision=f.precision, scale=f.scale
+                )
+            )
+    return out
+
+
+class Warehouse:
+    """One dataset: its raw tables, views, load jobs and state."""
+
+    def __init__(self, config: BigQueryConfig, slot: str) -> None:
+        self.config = config
+        self.slot = slot
+        self.client = client(config)
+        self.dataset = f"{config.bigquery_project}.{config.bigquery_dataset}"
+
+    def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)`; BigQuery's refusals as SinkError, an unreachable server
+        or a server error as SinkUnavailableError (the stream retries)."""
+        try:
+            return fn(*args, **kwargs)
+        except (google_errors.ServerError, google_errors.TooManyRequests, OSError) as e:
+            raise SinkUnavailableError(f"bigquery: {what}: {_one_line(e)}") from None
+        except google_errors.GoogleAPIError as e:
+            raise SinkError(f"bigquery: {what}: {_one_line(e)}") from None
+
+    # --- the dataset, its layouts and state ---
+
+    def open(self) -> tuple[dict[tuple[str, str], Layout], set[str], int, int]:
+        """Create the dataset and state table when missing; the layouts of its raw
+        tables, every table name (lower-cased), and the slot's stored LSN and the last
+        position given to a raw row."""
+        dataset = bigquery.Dataset(self.dataset)
+        if self.config.bigquery_location:
+            dataset.location = self.config.bigquery_location
+        self.call("create dataset", self.client.create_dataset, dataset, exists_ok=True)
+        state = bigquery.Table(
+            f"{self.dataset}.{STATE_TABLE}",
+            schema=_schema(
+                [Field("slot", "STRING"), Field("lsn", "INT64"), Field("position", "INT64")]
+            ),
+        )
+        self.call("create state table", self.client.create_table, state, exists_ok=True)
+        layouts: dict[tuple[str, str], Layout] = {}
+        names: set[str] = set()
+        for item in self.call("list tables", lambda: list(self.client.list_tables(self.dataset))):
+            names.add(str(item.table_id).lower())
+            if item.table_type != "TABLE" or item.table_id == STATE_TABLE:
+                continue
+            table = self.call("get table", self.client.get_table, item.reference)
+            description = table.description or ""
+            if description.startswith(LAYOUT_MARK):
+                layout = Layout.from_json(orjson.loads(description[len(LAYOUT_MARK) :]))
+                layouts[layout.namespace, layout.name] = layout
+        rows = self.query(
+            f"SELECT (SELECT MAX(lsn) FROM `{self.dataset}.{STATE_TABLE}` WHERE slot = @slot), "
+            f"(SELECT MAX(position) FROM `{self.dataset}.{STATE_TABLE}`)",
+            [bigquery.ScalarQueryParameter("slot", "STRING", self.slot)],
+        )
+        return layouts, names, int(rows[0][0] or 0), int(rows[0][1] or 0)
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """The rows of a query job (DDL: none)."""
+        config = bigquery.QueryJobConfig(query_parameters=list(params))
+
+        def run() -> list[Any]:
+            return list(self.client.query(sql, job_config=config).result(timeout=JOB_TIMEOUT))
+
+        return list(self.call("query", run))
+
+    def apply(self, layout: Layout, created: bool) -> None:
+        """The raw table as `layout` has it (created, or its new columns added and its
+        layout kept, in one tables.patch), then its view."""
+        fields = table_fields(layout)
+        description = LAYOUT_MARK + orjson.dumps(layout.to_json()).decode()
+        ref = f"{self.dataset}.{layout.raw}"
+        if created:
+            table = bigquery.Table(ref, schema=_schema(fields))
+            # a day per partition by the commit time; clustered by the key
+            table.time_partitioning = bigquery.TimePartitioning(
+                type_=bigquery.TimePartitioningType.DAY, field="_pg2sink_timestamp"
+            )
+            table.clustering_fields = clustering(layout) or None
+            table.description = description
+            self.call(f"create {layout.raw}", self.client.create_table, table)
+        else:
+            table = self.call(f"get {layout.raw}", self.client.get_table, ref)
+            have = {f.name for f in table.schema}
+            added = [f for f in _schema(fields) if f.name not in have]
+            table.schema = [*table.schema, *added]
+            table.description = description
+            self.call(
+                f"alter {layout.raw}", self.client.update_table, table, ["schema", "description"]
+            )
+        self.query(view_sql(layout, self.dataset))
+
+    # --- loads ---
+
+    def job_id(self, what: str, start: int, end: int) -> str:
+        """The load job id of `what` (a table, the state) for the batch of LSNs after
+        `start` up to `end`: the same for a batch retried, unique per dataset and slot."""
+        scope = hashlib.sha256(f"{self.dataset}\0{self.slot}\0{what}".encode()).hexdigest()[:16]
+        slot = _NOT_IN_ID.sub("_", self.slot)[:200]
+        return f"pg2sink_{slot}_{start:X}_{end:X}_{scope}"
+
+    def load(self, table: str, rows: pa.Table, job_id: str) -> None:
+        """`rows` appended to `table` by a Parquet load job `job_id` (`_<attempt>` added),
+        waiting until it is DONE; a job of that id already DONE without errors is the
+        same rows loaded before (a retried batch): nothing more is loaded."""
+        for attempt in range(MAX_ATTEMPTS):
+            jid = f"{job_id}_{attempt}"
+            job = self._job(jid)
+            if job is None:
+                job = self._start_load(table, rows, jid)
+            if job is None:
+                job = self._job(jid)  # started by an earlier try of ours meanwhile
+            if job is None:
+                continue
+            self.call(f"wait for {jid}", _wait, job)
+            if job.error_result is None:
+                return
+            log.warning("bigquery load job %s failed: %s", jid, job.error_result)
+        raise SinkError(
+            f"bigquery: loading {table} failed {MAX_ATTEMPTS} times; last: "
+            f"{_one_line(Exception(job.error_result if job else 'no job'))}"
+        )
+
+    def _job(self, jid: str) -> Any:
+        try:
+            return self.client.get_job(jid, project=self.config.bigquery_project)
+        except google_errors.NotFound:
+            return None
+        except google_errors.GoogleAPIError as e:
+            raise SinkUnavailableError(f"bigquery: get job {jid}: {_one_line(e)}") from None
+
+    def _start_load(self, table: str, rows: pa.Table, jid: str) -> Any:
+        """Start the load job (None: the id is taken, 409)."""
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+        buffer = io.BytesIO()
+        pq.write_table(rows, buffer)
+        buffer.seek(0)
+        config = bigquery.LoadJobConfig(
+            source_format=bigquery.SourceFormat.PARQUET,
+            write_disposition=bigquery.WriteDisposition.WRITE_APPEND,
+        )
+        options = bigquery.ParquetOptions()  # type: ignore[no-untyped-call]
+        options.enable_list_inference = True  # LIST columns into REPEATED fields
+        config.parquet_options = options
+        try:
+            return self.client.load_table_from_file(
+                buffer, f"{self.dataset}.{table}", job_id=jid, job_config=config
+            )
+        except google_errors.Conflict:
+            return None
+        except (google_errors.ServerError, OSError) as e:
+            raise SinkUnavailableError(f"bigquery: load {table}: {_one_line(e)}") from None
+        except google_errors.GoogleAPIError as e:
+            raise SinkError(f"bigquery: load {table}: {_one_line(e)}") from None
+
+    def close(self) -> None:
+        self.client.close()  # type: ignore[no-untyped-call]
+
+
+def _wait(job: Any) -> None:
+    """Poll the job until DONE (errors stay in `error_result`)."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while True:
+        job.reload()
+        if job.state == "DONE":
+            return
+        if time.monotonic() > deadline:
+            raise SinkError(f"bigquery: job {job.job_id} not done after {JOB_TIMEOUT:.0f}s")
+        time.sleep(0.2)

@@ -1,0 +1,236 @@
+"""The BigQuery sink (--sink=bigquery) end to end: a real PostgreSQL, pg2sink run as users
+run it, and local-bigquery (`make services`' BigQuery API server, started by the
+`bigquery_endpoint` fixture) read afterwards with google-cloud-bigquery
+(docs/sinks/bigquery.md says what only the real BigQuery shows).
+
+The latest-state view must equal `SELECT * FROM table` after the DuckDB sink's workload
+(inserts, updates with key changes and unchanged TOASTed values, deletes, TRUNCATE) and
+ADD/DROP COLUMN; a batch loaded again under the same job id is loaded once; nothing is
+confirmed to PostgreSQL while the server has not finished the load.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import services
+
+from pg2sink.sinks.bigquery.config import BigQueryConfig
+from pg2sink.sinks.bigquery.rows import state_rows
+from pg2sink.sinks.bigquery.warehouse import STATE_TABLE, Warehouse, client
+from tests.conftest import Database, Pg2Sink, run_cli, wait_for
+from tests.sinks.test_duckdb import caught_up, create_workload_tables, normal, run_workload
+from tests.support import FAST, Proc
+
+PROJECT = "pg2sink-tests"
+
+
+@pytest.fixture
+def dataset(topic_prefix: str) -> str:
+    return f"d_{topic_prefix}"
+
+
+@pytest.fixture
+def conn(db: Database) -> psycopg.Connection[Any]:
+    c = db.connect()
+    c.execute("SET TimeZone = 'UTC'")
+    return c
+
+
+def config(endpoint: str, dataset: str) -> BigQueryConfig:
+    return BigQueryConfig(
+        bigquery_project=PROJECT, bigquery_dataset=dataset, bigquery_endpoint=endpoint
+    )
+
+
+def start(proc: Proc, endpoint: str, dataset: str) -> Pg2Sink:
+    p = proc(
+        "--sink", "bigquery", "--bigquery-project", PROJECT, "--bigquery-dataset", dataset,
+        "--bigquery-endpoint", endpoint, *FAST,
+    ).start()  # fmt: skip
+    p.wait_streaming(60)
+    return p
+
+
+def bq_rows(endpoint: str, query: str) -> list[tuple[Any, ...]]:
+    bq = client(config(endpoint, "unused"))
+    try:
+        return [tuple(normal(v) for v in row.values()) for row in bq.query(query).result()]
+    finally:
+        bq.close()  # type: ignore[no-untyped-call]
+
+
+def pg_rows(
+    conn: psycopg.Connection[Any], query: str, arrays: frozenset[str] = frozenset()
+) -> list[tuple[Any, ...]]:
+    """PostgreSQL's rows as the view shows them: BigQuery has neither NULL arrays nor NULL
+    elements in arrays, so both read as empty arrays in the `arrays` columns
+    (docs/sinks/bigquery.md)."""
+    cur = conn.execute(query)
+    names = [d.name for d in cur.description or ()]
+    out = []
+    for row in cur.fetchall():
+        values = [normal(v) for v in row]
+        for i, name in enumerate(names):
+            if name in arrays and (values[i] is None or None in values[i]):
+                values[i] = []
+        out.append(tuple(values))
+    return out
+
+
+# --- configuration -----------------------------------------------------------------------
+
+
+def test_bigquery_needs_a_project_and_a_dataset() -> None:
+    done = run_cli("stream", "--sink", "bigquery", "--bigquery-project", PROJECT)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "needs --bigquery-project and --bigquery-dataset" in done.stderr
+
+
+def test_a_dataset_name_bigquery_refuses_is_a_one_line_error() -> None:
+    done = run_cli(
+        "stream", "--sink", "bigquery", "--bigquery-project", PROJECT,
+        "--bigquery-dataset", "shop-eu",
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "--bigquery-dataset 'shop-eu'" in done.stderr
+
+
+# --- the view equals the table ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_view_equals_the_table_after_a_workload_and_schema_changes(
+    db: Database,
+    conn: psycopg.Connection[Any],
+    pg2sink_proc: Proc,
+    bigquery_endpoint: str,
+    dataset: str,
+) -> None:
+    create_workload_tables(conn)
+    p = start(pg2sink_proc, bigquery_endpoint, dataset)
+    run_workload(conn)
+    conn.execute("ALTER TABLE items ADD COLUMN note text")
+    conn.execute("ALTER TABLE items ADD COLUMN qty int DEFAULT 7")
+    conn.execute("UPDATE items SET note = 'noted' WHERE id = 2")
+    conn.execute("ALTER TABLE items DROP COLUMN flag")
+    conn.execute("INSERT INTO items (id, name, price, note) VALUES (400, 'late', 1.5, 'n')")
+    caught_up(db, timeout=120)
+    assert p.stop() == 0
+    ds = f"{PROJECT}.{dataset}"
+    for view, table, order in (
+        ("public_items", "items", "id"),
+        ("public_docs", "docs", "lang, id"),
+        ("public_log", "log", "line"),
+    ):
+        got = bq_rows(bigquery_endpoint, f"SELECT * FROM `{ds}.{view}` ORDER BY {order}")
+        expected = pg_rows(conn, f"SELECT * FROM {table} ORDER BY {order}", frozenset({"tags"}))
+        assert got == expected, view
+    # the raw table keeps every change and the dropped column; TOAST filled and said so
+    (filled,) = bq_rows(
+        bigquery_endpoint,
+        f"SELECT COUNT(*) FROM `{ds}.public_items_raw` "
+        "WHERE 'big' IN UNNEST(_pg2sink_unchanged_toast)",
+    )
+    assert filled[0] >= 2
+    bq = client(config(bigquery_endpoint, dataset))
+    raw = bq.get_table(f"{ds}.public_items_raw")
+    bq.close()  # type: ignore[no-untyped-call]
+    assert {"flag", "note", "qty"} <= {f.name for f in raw.schema}
+    assert raw.time_partitioning.field == "_pg2sink_timestamp"
+    assert raw.clustering_fields == ["id"]
+    types = {f.name: (f.field_type, f.precision, f.scale) for f in raw.schema}
+    assert types["price"] == ("NUMERIC", 10, 2) and types["at"][0] == "TIMESTAMP"
+
+
+@pytest.mark.slow
+def test_a_restart_continues_without_duplicates(
+    db: Database,
+    conn: psycopg.Connection[Any],
+    pg2sink_proc: Proc,
+    bigquery_endpoint: str,
+    dataset: str,
+) -> None:
+    conn.execute("CREATE TABLE docs (lang text, id int, body text, PRIMARY KEY (lang, id))")
+    p = start(pg2sink_proc, bigquery_endpoint, dataset)
+    conn.execute("INSERT INTO docs VALUES ('en', 1, 'one')")
+    caught_up(db, timeout=120)
+    assert p.stop() == 0
+    p.start().wait_streaming(60)
+    conn.execute("INSERT INTO docs VALUES ('en', 2, 'two')")
+    caught_up(db, timeout=120)
+    assert p.stop() == 0
+    ds = f"{PROJECT}.{dataset}"
+    assert bq_rows(bigquery_endpoint, f"SELECT * FROM `{ds}.public_docs` ORDER BY id") == [
+        ("en", 1, "one"),
+        ("en", 2, "two"),
+    ]
+    assert bq_rows(bigquery_endpoint, f"SELECT COUNT(*) FROM `{ds}.public_docs_raw`") == [(2,)]
+
+
+# --- delivery -----------------------------------------------------------------------------
+
+
+def test_a_batch_loaded_again_under_its_job_id_is_loaded_once(
+    bigquery_endpoint: str, dataset: str
+) -> None:
+    warehouse = Warehouse(config(bigquery_endpoint, dataset), "slot_a")
+    try:
+        warehouse.open()
+        job = warehouse.job_id(STATE_TABLE, 0x10, 0x20)
+        assert job == warehouse.job_id(STATE_TABLE, 0x10, 0x20)
+        assert job != warehouse.job_id(STATE_TABLE, 0x10, 0x21)
+        for _ in range(2):  # the retry finds the first job DONE
+            warehouse.load(STATE_TABLE, state_rows("slot_a", 0x20, 5), job)
+        rows = warehouse.query(
+            f"SELECT slot, lsn, position FROM `{warehouse.dataset}.{STATE_TABLE}`"
+        )
+        assert [tuple(r) for r in rows] == [("slot_a", 0x20, 5)]
+        assert warehouse.client.get_job(f"{job}_0").state == "DONE"
+        with pytest.raises(Exception, match="Not found"):
+            warehouse.client.get_job(f"{job}_1")
+    finally:
+        warehouse.close()
+
+
+@pytest.mark.slow
+def test_nothing_is_confirmed_before_the_load_job_is_done(
+    db: Database, conn: psycopg.Connection[Any], pg2sink_proc: Proc, dataset: str
+) -> None:
+    # a server of the test's own, stopped (SIGSTOP) while pg2sink streams
+    base = Path(tempfile.mkdtemp(prefix="pg2sink-bq-"))
+    server = services.LocalBigQuery(base=base / "bigquery", port=services.free_port())
+    server.start()
+    try:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        p = start(pg2sink_proc, server.url, dataset)
+        conn.execute("INSERT INTO t VALUES (1, 'a')")
+        caught_up(db, timeout=120)
+        pid = server.pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            before = db.slot_confirmed_lsn()
+            conn.execute("INSERT INTO t VALUES (2, 'b')")
+            target = db.current_lsn()
+            time.sleep(4)  # several flush intervals (FAST)
+            confirmed = db.slot_confirmed_lsn()
+            assert confirmed is not None and confirmed < target and confirmed == before
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= target, 120, "the load after SIGCONT")
+        assert p.stop() == 0
+        ds = f"{PROJECT}.{dataset}"
+        assert bq_rows(server.url, f"SELECT * FROM `{ds}.public_t` ORDER BY id") == [
+            (1, "a"),
+            (2, "b"),
+        ]
+    finally:
+        server.destroy()
