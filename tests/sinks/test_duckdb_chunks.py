@@ -2,10 +2,13 @@
 commits with its checkpoint (sink.py, CHUNK_RECORDS): memory holds a chunk, never the
 transaction, and nothing of it is in the file or acknowledged before its commit; a
 transaction started again, already in the file, or unfinished at close leaves nothing.
-A real embedded DuckDB, records made here (CHUNK_RECORDS made small)."""
+A real embedded DuckDB, records made here (CHUNK_RECORDS made small); and pg2sink killed
+with SIGKILL while it writes large transactions from a real PostgreSQL."""
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,10 @@ import pytest
 from pg2sink.changelog.records import Modification, Operation
 from pg2sink.sinks.duckdb import sink as sink_module
 from pg2sink.sinks.duckdb.sink import RECORD_BYTES, DuckDBSink
+from tests.conftest import Database
+from tests.sinks.test_duckdb import caught_up, duck_query, duck_rows, pg_rows, start
 from tests.sinks.test_duckdb_layout import INT, NOW, TEXT, insert, opened, query, schema
+from tests.support import Proc
 
 CHUNK = 5
 
@@ -84,3 +90,38 @@ def test_chunks_of_a_transaction_the_file_holds_are_dropped(tmp_path: Path) -> N
     again.close()
     assert query(path, "SELECT count(*), max(id) FROM public_t_raw") == [(12, 11)]
     assert query(path, "SELECT lsn FROM pg2sink_state") == [(300,)]
+
+
+@pytest.mark.slow
+def test_kill_9_during_large_transactions_is_exactly_once(
+    db: Database, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE big (id int PRIMARY KEY, s text)")
+    path = tmp_path / "big.duckdb"
+    # --retry-initial: the killed process's walsender may hold the slot for a moment
+    p = start(pg2sink_proc, path, "--retry-initial")
+    changes = 0
+    for round in range(3):
+        # 8 and 5 chunks of the real CHUNK_RECORDS (5,000): killed at different moments
+        # of their writing (or of the restart's)
+        first = round * 40_000
+        inserted = conn.execute(
+            "INSERT INTO big SELECT g, 'r' || g FROM generate_series(%s, %s) g",
+            (first, first + 39_999),
+        )
+        updated = conn.execute("UPDATE big SET s = s || '!' WHERE id % 9 < 2")
+        changes += inserted.rowcount + updated.rowcount
+        time.sleep(0.3 + 0.4 * round)
+        p.stop(signal.SIGKILL)
+        p.start().wait_streaming()
+    caught_up(db, 120)
+    assert p.stop() == 0
+    assert duck_rows(path, "public_big", "id") == pg_rows(conn, "big", "id")
+    assert duck_query(path, "SELECT count(*) FROM public_big_raw") == [(changes,)]
+    twice = duck_query(
+        path,
+        "SELECT _pg2sink_xid, _pg2sink_lsn, _pg2sink_sequence FROM public_big_raw "
+        "GROUP BY ALL HAVING count(*) > 1",
+    )
+    assert twice == []
