@@ -5,6 +5,7 @@ for a column added with a DEFAULT.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -63,7 +64,7 @@ def _arrays_without_nulls(
         return table
     for i, v in enumerate(values):
         if v is not None and None in v:
-            texts[i] = {**(texts[i] or {}), column: dumps(v).decode()}
+            texts[i] = {**(texts[i] or {}), column: dumps(_json_form(v)).decode()}
             values[i] = None
     index = table.schema.get_field_index(raw)
     return table.set_column(index, raw, pa.array(values, table.schema.field(raw).type))
@@ -117,9 +118,7 @@ class BigQueryToast(Toast):
             field = bigquery_type(c.raw, c.type)
             params.append(bigquery.ScalarQueryParameter(f"k{i}", field.type, _param(value)))
             where.append(f"{quote(c.raw)} = @k{i}")
-        columns = ", ".join(
-            f"TO_JSON_STRING({quote(c.raw)})" if c.type == "JSON" else quote(c.raw) for c in live
-        )
+        columns = ", ".join(quote(c.raw) for c in live)
         found = self.warehouse.query(
             f"SELECT TO_JSON_STRING({TEXT}), {columns} FROM {raw} "
             f"WHERE {OPERATION} IN ('INSERT', 'UPDATE', 'IMPORT') AND {' AND '.join(where)} "
@@ -136,6 +135,16 @@ class BigQueryToast(Toast):
             text = texts.get(c.column)
             values[c.column] = PgText(text) if text is not None else value
         return values
+
+
+def _json_form(value: Any) -> Any:
+    """A value for JSON: float NaN and infinities as PostgreSQL writes them (JSON has no
+    such numbers; orjson would write null)."""
+    if isinstance(value, list):
+        return [_json_form(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
 
 
 def _param(value: object) -> Any:

@@ -41,7 +41,10 @@ _BY_DUCKDB: Mapping[str, str] = {
     "INTEGER": "INT64",
     "BIGINT": "INT64",
     "VARCHAR": "STRING",
-    "JSON": "JSON",
+    # PostgreSQL's text, exactly: BigQuery's JSON rewrites numbers (2.50 is 2.5), drops
+    # json's key order and duplicate keys, and refuses numbers beyond FLOAT64 in a load;
+    # its JSON functions take STRING too
+    "JSON": "STRING",
     "UUID": "STRING",
     "BLOB": "BYTES",
     "FLOAT": "FLOAT64",
