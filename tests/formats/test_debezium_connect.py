@@ -153,6 +153,9 @@ def worker(
     w.stop()
 
 
+# the first run on a machine fetches Debezium Server's distribution (780 MB) from Maven
+# Central into the services cache: more than the suite's 300 s may go by
+@pytest.mark.timeout(1200)
 @pytest.mark.slow
 @pytest.mark.parametrize("avro", [False, True], ids=["json-schemas", "avro"])
 def test_jdbc_sink_connector_makes_an_equal_copy(

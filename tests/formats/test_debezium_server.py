@@ -140,6 +140,9 @@ def compared(message: Any) -> tuple[Any, ...]:
     )
 
 
+# the first run on a machine fetches Debezium Server's distribution (780 MB) from Maven
+# Central into the services cache: more than the suite's 300 s may go by
+@pytest.mark.timeout(1200)
 @pytest.mark.slow
 def test_same_values_as_debezium_server(
     db: Database,
