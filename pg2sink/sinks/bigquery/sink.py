@@ -1,8 +1,8 @@
 """The BigQuery sink: every table's changes as rows of a raw table in a BigQuery dataset,
 with a latest-state view per table (docs/sinks/bigquery.md).
 
-Records are held per transaction until its checkpoint (the commit's end LSN), then join
-the batch. `start_flush()` hands the batch to a background thread: Schema records become
+Records are held per transaction until its checkpoint, batched and handed to a
+background thread (pg2sink.sinks.batching.BackgroundCommits): Schema records become
 raw tables and views (the DuckDB sink's layouts, schema.py), Modifications become rows
 (the DuckDB sink's values.py), numbered by `_pg2sink_position`; each table's rows go in one
 Parquet load job whose id is derived from (slot, table, the batch's LSN range), then a
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 
-from pg2sink.changelog.records import Message, Modification, Record, Schema
+from pg2sink.changelog.records import Modification, Record, Schema
 from pg2sink.errors import SinkError
 from pg2sink.logical.lsn import format_lsn
+from pg2sink.sinks.batching import BackgroundCommits
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.rows import BigQueryToast, state_rows, table_rows
 from pg2sink.sinks.bigquery.warehouse import STATE_TABLE, Warehouse
@@ -38,8 +38,6 @@ __all__ = ["STATE_KEY", "BigQuerySink"]
 STATE_KEY = "pg2sink"
 #: a batch this large is loaded at the next checkpoint, after the one being loaded
 MAX_BATCH_RECORDS = 50_000
-#: pending_bytes' estimate of a record held in memory
-RECORD_BYTES = 256
 
 
 class BigQuerySink:
@@ -54,16 +52,7 @@ class BigQuerySink:
         self._layouts: dict[tuple[str, str], Layout] = {}
         self._names: set[str] = set()
         self._position = 0
-        self._stored = 0
-        self._pending: list[Record] = []
-        self._batch: list[Record] = []
-        self._batch_lsn = 0
-        self._taken = 0
-        self._acked: int | None = None
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg2sink-bigquery")
-        self._in_flight: Future[int] | None = None
-        self._in_flight_records = 0
-        self._failed: SinkError | None = None
+        self._commits = BackgroundCommits(self._load, "pg2sink-bigquery", MAX_BATCH_RECORDS)
 
     def use_slot(self, slot: str) -> None:
         """The stream's replication slot: the key of its state rows (UsesSlot)."""
@@ -72,96 +61,40 @@ class BigQuerySink:
     def open(self) -> None:
         """Connect, create the dataset when missing, read the layouts and where it is."""
         warehouse = Warehouse(self.config, self.slot)
-        self._layouts, self._names, self._stored, self._position = warehouse.open()
+        self._layouts, self._names, stored, self._position = warehouse.open()
         self._warehouse = warehouse
-        self._taken = self._stored
-        log.info(
-            "bigquery sink writing to %s, from LSN %s", warehouse.dataset, format_lsn(self._stored)
-        )
+        self._commits.start(stored)
+        log.info("bigquery sink writing to %s, from LSN %s", warehouse.dataset, format_lsn(stored))
 
+    # held, batched and loaded in the background by BackgroundCommits (sinks/batching.py)
     def write(self, record: Record) -> None:
-        """Hold the record with its transaction's (Messages are not stored)."""
-        if record.__class__ is Message:
-            return
-        if isinstance(record, Modification) and self._pending:
-            last = self._pending[-1]
-            if isinstance(last, Modification) and record.sequence <= last.sequence:
-                # the transaction starts again (a reconnect replays it): its Schema
-                # records are kept (the builder sends them once)
-                self._pending = [r for r in self._pending if isinstance(r, Schema)]
-        self._pending.append(record)
+        self._commits.write(record)
 
     def checkpoint(self, lsn: int) -> None:
-        """The held records are a transaction committed at `lsn`: into the batch, unless
-        the dataset (or a batch) has it already."""
-        pending, self._pending = self._pending, []
-        if lsn <= self._taken:
-            if lsn <= self._stored and (self._acked is None or lsn > self._acked):
-                self._acked = lsn  # loaded before this process started
-            return
-        self._batch.extend(pending)
-        self._batch_lsn = self._taken = lsn
-        if len(self._batch) >= MAX_BATCH_RECORDS:
-            self._wait()
-            self.start_flush()
+        self._commits.checkpoint(lsn)
 
     def start_flush(self) -> None:
-        """Start loading the batch in the background, unless a load is running."""
-        self._collect()
-        if self._in_flight is not None or not self._batch_lsn:
-            return
-        batch, lsn = self._batch, self._batch_lsn
-        self._batch, self._batch_lsn = [], 0
-        self._in_flight_records = len(batch)
-        self._in_flight = self._worker.submit(self._load, batch, lsn)
+        self._commits.start_flush()
 
     def flush(self) -> int | None:
-        """Load everything checkpointed, waiting for its jobs."""
-        self._wait()
-        if self._batch_lsn:
-            self.start_flush()
-            self._wait()
-        return self._acked
+        return self._commits.flush()
 
     def acknowledged(self) -> int | None:
-        self._collect()
-        return self._acked
+        return self._commits.acknowledged()
 
     def pending_bytes(self) -> int:
-        """An estimate: RECORD_BYTES per record held or being loaded."""
-        return (len(self._pending) + len(self._batch) + self._in_flight_records) * RECORD_BYTES
+        return self._commits.pending_bytes()
 
     def close(self) -> None:
         """Load what is checkpointed (unless a load failed), close the client."""
         try:
-            if self._warehouse is not None and self._failed is None:
-                self.flush()
+            if self._warehouse is not None and self._commits.failed is None:
+                self._commits.flush()
         finally:
-            self._worker.shutdown(wait=True)
+            self._commits.stop()
             if self._warehouse is not None:
                 self._warehouse.close()
                 self._warehouse = None
-
-    def _collect(self) -> None:
-        """Take the result of a finished background load (raising its error)."""
-        if self._failed is not None:
-            raise self._failed
-        done = self._in_flight
-        if done is None or not done.done():
-            return
-        self._in_flight, self._in_flight_records = None, 0
-        try:
-            lsn = done.result()
-        except SinkError as e:
-            self._failed = e
-            raise
-        if self._acked is None or lsn > self._acked:
-            self._acked = lsn
-
-    def _wait(self) -> None:
-        if self._in_flight is not None:
-            self._in_flight.exception()
-        self._collect()
 
     def _load(self, records: Sequence[Record], lsn: int) -> int:
         """The batch's DDL, its rows per table, then the state row; `lsn` once all are
@@ -169,7 +102,7 @@ class BigQuerySink:
         warehouse = self._warehouse
         if warehouse is None:
             raise SinkError("the bigquery sink was not opened")
-        start, position = self._stored, self._position
+        start, position = self._commits.stored, self._position
         rows: dict[tuple[str, str], list[tuple[int, Modification]]] = {}
         for record in records:
             if isinstance(record, Schema):
@@ -191,7 +124,7 @@ class BigQuerySink:
             state_rows(self.slot, lsn, position),
             warehouse.job_id(STATE_TABLE, start, lsn),
         )
-        self._stored, self._position = lsn, position
+        self._commits.stored, self._position = lsn, position
         return lsn
 
     def _flush_table(
