@@ -184,3 +184,27 @@ def test_an_array_kept_as_text_alone_in_its_batch(tmp_path: Path) -> None:
     sink.close()
     rows = query(path, "SELECT id, a, _pg2sink_text FROM public_t_raw ORDER BY id")
     assert rows == [(1, None, {"a": "[0:1]={a,b}"}), (2, ["x", None], None)]
+
+
+def test_a_table_without_a_key_is_a_multiset(tmp_path: Path) -> None:
+    path = tmp_path / "keyless.duckdb"
+    sink = opened(path)
+    sink.write(schema("public", "t", ("line", TEXT), key=""))
+    sink.write(schema("public", "none", key=""))  # a table without columns
+    for i, line in enumerate(["a", "a", "b", None]):
+        sink.write(insert("public", "t", i, line=line))
+    sink.write(insert("public", "none", 4))
+    sink.write(insert("public", "none", 5))
+    changes = [
+        (Operation.DELETE, "t", {"line": "a"}, None),
+        (Operation.UPDATE, "t", {"line": "b"}, {"line": "c"}),
+        (Operation.DELETE, "t", {"line": None}, None),
+        (Operation.DELETE, "none", {}, None),
+    ]
+    for i, (op, table, before, after) in enumerate(changes, start=6):
+        sink.write(Modification(NOW, i, 100, 7, op, "public", table, before, after))
+    sink.checkpoint(100)
+    assert sink.flush() == 100
+    sink.close()
+    assert query(path, "SELECT line FROM public_t ORDER BY line") == [("a",), ("c",)]
+    assert query(path, "SELECT count(*) FROM public_none") == [(1,)]

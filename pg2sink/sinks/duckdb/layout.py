@@ -367,13 +367,13 @@ def view_sql(layout: Layout) -> str:
     live = layout.live()
     names = view_names(live)
     raw = quote(layout.raw)
+    keys = layout.key_columns()
+    if not keys:
+        return _multiset_sql(layout)
     since = (
         f"{POSITION} > coalesce((SELECT max({POSITION}) FROM {raw} "
         f"WHERE {OPERATION} = 'TRUNCATE'), -1)"
     )
-    keys = layout.key_columns()
-    if not keys:
-        return _multiset_sql(layout, since)
     columns = ", ".join(f"{read(c, '_p')} AS {quote(n)}" for c, n in zip(live, names, strict=True))
     data = ", ".join(f"{quote(c.raw)}" for c in live)
     new_key = ", ".join(f"{quote(c.raw)} AS _k{i}" for i, c in enumerate(keys))
@@ -398,27 +398,30 @@ latest AS (
 SELECT {columns} FROM latest WHERE _n = 1 AND NOT _removed"""
 
 
-def _multiset_sql(layout: Layout, since: str) -> str:
+def _multiset_sql(layout: Layout) -> str:
     """The view of a table without a key: its rows as a multiset since the last TRUNCATE.
     Each INSERT, UPDATE and IMPORT row adds its new row, each UPDATE and DELETE takes one
     copy of its old row away (REPLICA IDENTITY FULL sends the whole old row; without
     FULL, PostgreSQL refuses UPDATE and DELETE on such a table); a row is in the view as
     many times as it was added more than taken away. Order plays no part."""
-    live = [c for c in layout.live() if c.before is not None]
-    if not live:  # no columns (or a layout from before keyless before-images)
-        return (
-            f"CREATE OR REPLACE VIEW {quote(layout.view)} AS SELECT NULL AS _ "
-            f"FROM {quote(layout.raw)} WHERE {OPERATION} IN ('INSERT', 'IMPORT') AND {since}"
-        )
+    live = layout.live()
     names = view_names(live)
     slots = [f"_c{i}" for i in range(len(live))]
     new = ", ".join(f"{read(c, POSITION)} AS {s}" for c, s in zip(live, slots, strict=True))
+    # every live column has a before-image column (evolve); NULL is for safety only
     old = ", ".join(
-        f"{read(c, POSITION, c.before)} AS {s}" for c, s in zip(live, slots, strict=True)
+        f"{read(c, POSITION, c.before) if c.before else 'NULL'} AS {s}"
+        for c, s in zip(live, slots, strict=True)
     )
     out = ", ".join(f"{s} AS {quote(n)}" for s, n in zip(slots, names, strict=True))
+    if not live:  # a table without columns: as many empty rows as it has
+        slots, new, old, out = ["_c0"], "NULL AS _c0", "NULL AS _c0", "_c0 AS _"
+    # the last TRUNCATE by a window, not `since`'s scalar subquery: with that, DuckDB 2.0's
+    # optimizer drops every row of `counted` the final filter keeps (an empty result)
+    truncated = f"max(CASE WHEN {OPERATION} = 'TRUNCATE' THEN {POSITION} END) OVER ()"
     return f"""CREATE OR REPLACE VIEW {quote(layout.view)} AS
-WITH changes AS (SELECT * FROM {quote(layout.raw)} WHERE {since}),
+WITH marked AS (SELECT *, {truncated} AS _truncated FROM {quote(layout.raw)}),
+changes AS (SELECT * FROM marked WHERE {POSITION} > coalesce(_truncated, -1)),
 events AS (
     SELECT 1 AS _n, {new} FROM changes WHERE {OPERATION} IN ('INSERT', 'UPDATE', 'IMPORT')
     UNION ALL
