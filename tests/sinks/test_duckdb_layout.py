@@ -4,6 +4,8 @@ the file already holds skipped."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -208,3 +210,45 @@ def test_a_table_without_a_key_is_a_multiset(tmp_path: Path) -> None:
     sink.close()
     assert query(path, "SELECT line FROM public_t ORDER BY line") == [("a",), ("c",)]
     assert query(path, "SELECT count(*) FROM public_none") == [(1,)]
+
+
+def test_the_multiset_view_follows_random_changes(tmp_path: Path) -> None:
+    """Random inserts, updates, deletes and TRUNCATEs of a keyless table, checkpointed in
+    random batches: after each commit the view is the multiset a Counter keeps."""
+    path = tmp_path / "random.duckdb"
+    rng = random.Random(3)
+    kept: Counter[tuple[str, int | None]] = Counter()
+    sink = opened(path)
+    sink.write(schema("public", "m", ("s", TEXT), ("n", INT), key=""))
+    lsn = sequence = 0
+    for _ in range(300):
+        row = {"s": rng.choice("abc"), "n": rng.choice([1, 2, None])}
+        rows = sorted(kept.elements(), key=repr)
+        old = rng.choice(rows) if rows else None
+        choice = rng.random()
+        if choice < 0.5 or old is None:
+            op, before, after = Operation.INSERT, None, row
+        elif choice < 0.75:
+            op, before, after = Operation.UPDATE, dict(zip("sn", old, strict=True)), row
+        elif choice < 0.97:
+            op, before, after = Operation.DELETE, dict(zip("sn", old, strict=True)), None
+        else:
+            op, before, after = Operation.TRUNCATE, None, None
+            kept.clear()
+        if before is not None:
+            kept[old] -= 1  # type: ignore[index]
+        if after is not None:
+            kept[after["s"], after["n"]] += 1
+        sink.write(Modification(NOW, sequence, lsn, 7, op, "public", "m", before, after))
+        sequence += 1
+        if rng.random() < 0.2:
+            lsn, sequence = lsn + 10, 0
+            sink.checkpoint(lsn)
+        if rng.random() < 0.05:
+            lsn, sequence = lsn + 10, 0
+            sink.checkpoint(lsn)
+            sink.close()
+            view = query(path, "SELECT s, n FROM public_m")
+            assert Counter(view) == +kept
+            sink = opened(path)
+    sink.close()
