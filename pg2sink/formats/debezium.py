@@ -1,5 +1,5 @@
-"""Debezium's change event (--format debezium), as its PostgreSQL connector writes it
-through Kafka Connect's JsonConverter: without schemas (schemas.enable=false, the
+"""Debezium's change event (--format debezium), as its PostgreSQL connector (3.x) writes
+it through Kafka Connect's JsonConverter: without schemas (schemas.enable=false, the
 default), or with them (--debezium-schemas: {"schema": ..., "payload": ...}).
 
 The value is the envelope, keys in Debezium's order:
@@ -7,18 +7,22 @@ The value is the envelope, keys in Debezium's order:
     {"before":null,"after":{"id":1,"name":"Ann"},
      "source":{"version":"pg2sink-0.1.0","connector":"postgresql","name":"pg2sink",
                "ts_ms":1714557600123,"snapshot":"false","db":"app","sequence":null,
-               "schema":"public","table":"users","txId":745,"lsn":24023128,"xmin":null},
-     "op":"c","ts_ms":1714557600123,"transaction":null}
+               "ts_us":1714557600123456,"ts_ns":1714557600123456000,"schema":"public",
+               "table":"users","txId":745,"lsn":24023128,"xmin":null,"origin":null,
+               "origin_lsn":null},
+     "transaction":null,"op":"c","ts_ms":1714557600123,"ts_us":1714557600123456,
+     "ts_ns":1714557600123456000}
 
 - op: c (INSERT), u (UPDATE), d (DELETE), t (TRUNCATE), r (an imported row, as
   Debezium's snapshot reads; source.snapshot "true" for them, "false" else).
 - before: the old image PostgreSQL sent (the key with the default REPLICA IDENTITY, its
   other columns null as in Debezium; the whole row with FULL), after: the new row;
-  values by debezium_types.
+  values by debezium_types. Key columns are required fields of the row struct (they
+  are NOT NULL), the others optional.
 - source.name: Debezium's topic.prefix, which pg2sink's topic prefix plays (topics are
-  PREFIX.<schema>.<table> in both); source.db: the source database; ts_ms (source and
-  envelope): the commit time in milliseconds (Debezium's envelope ts_ms is its own
-  clock when it processed the change; pg2sink keeps the bytes a function of the change).
+  PREFIX.<schema>.<table> in both); source.db: the source database; ts_ms, ts_us, ts_ns
+  (source and envelope): the commit time (Debezium's envelope times are its own clock
+  when it processed the change; pg2sink keeps the bytes a function of the change).
 - The key is the key columns' struct ({"id":1}), null for a table without a key and for
   TRUNCATE.
 
@@ -42,7 +46,7 @@ __all__ = ["OPS", "VERSION", "DebeziumEncoder", "DebeziumTable"]
 #: source.version: pg2sink's, so that a reader can tell who wrote the event
 VERSION = f"pg2sink-{__version__}"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MILLISECOND = timedelta(milliseconds=1)
+_MICROSECOND = timedelta(microseconds=1)
 OPS = {
     Operation.INSERT: "c",
     Operation.UPDATE: "u",
@@ -81,20 +85,28 @@ SOURCE_SCHEMA: dict[str, Any] = {
             "optional": True,
             "name": "io.debezium.data.Enum",
             "version": 1,
-            "parameters": {"allowed": "true,last,false,incremental"},
+            "parameters": {
+                "allowed": "true,first,first_in_data_collection,last_in_data_collection,"
+                "last,false,incremental"
+            },
             "default": "false",
             "field": "snapshot",
         },
         _string("db"),
         _string("sequence", optional=True),
+        _int64("ts_us"),
+        _int64("ts_ns"),
         _string("schema"),
         _string("table"),
         _int64("txId"),
         _int64("lsn"),
         _int64("xmin"),
+        _string("origin", optional=True),
+        _int64("origin_lsn"),
     ],
     "optional": False,
     "name": "io.debezium.connector.postgresql.Source",
+    "version": 1,
     "field": "source",
 }
 #: the schema of transaction (Debezium's event.block; pg2sink writes null)
@@ -124,7 +136,10 @@ class DebeziumTable:
         self._key_schema = self._key_struct() if schemas and self._keys else None
 
     def _row_schema(self, field: str) -> dict[str, Any]:
-        fields = [_field(n, ft.schema) for n, ft in self._fields.items()]
+        # key columns are NOT NULL (a primary key's, a replica identity index's); of the
+        # others the Schema record does not say
+        keys = self._keys
+        fields = [_field(n, ft.schema, optional=n not in keys) for n, ft in self._fields.items()]
         return {
             "type": "struct",
             "fields": fields,
@@ -140,13 +155,15 @@ class DebeziumTable:
                 self._row_schema("before"),
                 self._row_schema("after"),
                 SOURCE_SCHEMA,
+                TRANSACTION_SCHEMA,
                 _string("op"),
                 _int64("ts_ms"),
-                TRANSACTION_SCHEMA,
+                _int64("ts_us"),
+                _int64("ts_ns"),
             ],
             "optional": False,
             "name": f"{self._name}.Envelope",
-            "version": 1,
+            "version": 2,
         }
 
     def _key_struct(self) -> dict[str, Any]:
@@ -195,7 +212,8 @@ class DebeziumTable:
 
     def payload(self, m: Modification) -> dict[str, object]:
         """The envelope's values (JsonConverter's JSON form)."""
-        ts_ms = (m.timestamp - _EPOCH) // _MILLISECOND
+        ts_us = (m.timestamp - _EPOCH) // _MICROSECOND
+        ts_ms, ts_ns = ts_us // 1000, ts_us * 1000
         origin = self._origin
         return {
             "before": self._row(m.before),
@@ -208,15 +226,21 @@ class DebeziumTable:
                 "snapshot": "true" if m.operation is Operation.IMPORT else "false",
                 "db": origin.database,
                 "sequence": None,
+                "ts_us": ts_us,
+                "ts_ns": ts_ns,
                 "schema": m.namespace,
                 "table": m.name,
                 "txId": m.xid or None,
                 "lsn": m.lsn,
                 "xmin": None,
+                "origin": None,
+                "origin_lsn": None,
             },
+            "transaction": None,
             "op": OPS[m.operation],
             "ts_ms": ts_ms,
-            "transaction": None,
+            "ts_us": ts_us,
+            "ts_ns": ts_ns,
         }
 
 

@@ -67,6 +67,8 @@ def _split(name: str) -> tuple[str, str | None]:
 
 def _connect_properties(connect: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    if "doc" in connect:
+        out["connect.doc"] = connect["doc"]
     if "version" in connect:
         out["connect.version"] = connect["version"]
     if "parameters" in connect:

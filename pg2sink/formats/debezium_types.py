@@ -209,6 +209,7 @@ def _by_kind(column: Column, base: str) -> FieldType:
                 {"type": "bytes", "optional": False, "field": "value"},
             ],
             **_named("struct", "io.debezium.data.VariableScaleDecimal"),
+            "doc": "Variable scaled decimal",  # Debezium's, JsonConverter's order
         }
         return FieldType(schema, _variable_decimal)
     if kind is Kind.DATE:

@@ -21,17 +21,21 @@ from tests.formats.sample import ANN, CHANGES, IMPORT, SCHEMA, json_form
 
 ORIGIN = Origin("db1", "app", "pg2sink")
 
-# Debezium's envelope (before, after, source, op, ts_ms, transaction) with the source
-# block of its PostgreSQL connector (version, connector, name, ts_ms, snapshot, db,
-# sequence, schema, table, txId, lsn, xmin). Values: numeric(10,2) 12.50 is Connect's
+# Debezium 3's envelope (before, after, source, transaction, op, ts_ms, ts_us, ts_ns) with
+# the source block of its PostgreSQL connector (version, connector, name, ts_ms, snapshot,
+# db, sequence, ts_us, ts_ns, schema, table, txId, lsn, xmin, origin, origin_lsn).
+# Values: numeric(10,2) 12.50 is Connect's
 # Decimal, the unscaled 1250 = 0x04E2 big-endian in base64 "BOI=" (13.00: 1300 = 0x0514,
 # "BRQ="); date 1990-02-28 is io.debezium.time.Date, days since 1970-01-01: 7363;
 # timestamptz is ZonedTimestamp, UTC ISO 8601; jsonb a string (io.debezium.data.Json).
-# ts_ms: the commit time 2024-05-01T10:00:00.123456Z in milliseconds.
+# ts_ms, ts_us, ts_ns: the commit time 2024-05-01T10:00:00.123456Z in milli-, micro- and
+# nanoseconds.
 SOURCE = (
     '"source":{{"version":"pg2sink-{version}","connector":"postgresql","name":"pg2sink",'
     '"ts_ms":1714557600123,"snapshot":"{snapshot}","db":"app","sequence":null,'
-    '"schema":"public","table":"users","txId":{xid},"lsn":{lsn},"xmin":null}}'
+    '"ts_us":1714557600123456,"ts_ns":1714557600123456000,'
+    '"schema":"public","table":"users","txId":{xid},"lsn":{lsn},"xmin":null,"origin":null,'
+    '"origin_lsn":null}}'
 )
 ANN_JSON = (
     '{"id":1,"name":"Ann","score":"BOI=","active":true,"seen":"2024-05-01T09:30:00Z",'
@@ -47,8 +51,8 @@ def envelope(before: str, after: str, op: str, lsn: int, snapshot: str = "false"
     xid = "null" if op == "r" else "745"
     source = SOURCE.format(version=__version__, snapshot=snapshot, xid=xid, lsn=lsn)
     return (
-        f'{{"before":{before},"after":{after},{source},"op":"{op}",'
-        '"ts_ms":1714557600123,"transaction":null}'
+        f'{{"before":{before},"after":{after},{source},"transaction":null,"op":"{op}",'
+        '"ts_ms":1714557600123,"ts_us":1714557600123456,"ts_ns":1714557600123456000}'
     )
 
 
@@ -100,9 +104,12 @@ def test_key_and_schemas() -> None:
     schema = value["schema"]
     assert schema["name"] == "pg2sink.public.users.Envelope"
     assert [f["field"] for f in schema["fields"]] == [
-        "before", "after", "source", "op", "ts_ms", "transaction"
+        "before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns"
     ]  # fmt: skip
+    assert schema["version"] == 2  # Debezium 3's envelope
     after = {f["field"]: f for f in schema["fields"][1]["fields"]}
+    # a key column is NOT NULL: a required field, as in Debezium's schema
+    assert after["id"] == {"type": "int32", "optional": False, "field": "id"}
     assert after["score"] == {
         "type": "bytes",
         "optional": True,

@@ -35,7 +35,16 @@ def test_envelope_schema_by_avro_converter_rules() -> None:
     assert (envelope["name"], envelope["namespace"]) == ("Envelope", "app.public.users")
     assert envelope["connect.name"] == "app.public.users.Envelope"
     top = fields(envelope)
-    assert list(top) == ["before", "after", "source", "op", "ts_ms", "transaction"]
+    assert list(top) == [
+        "before",
+        "after",
+        "source",
+        "transaction",
+        "op",
+        "ts_ms",
+        "ts_us",
+        "ts_ns",
+    ]
     value = top["before"]["type"][1]
     assert top["before"]["default"] is None and top["before"]["type"][0] == "null"
     assert (value["name"], value["namespace"]) == ("Value", "app.public.users")

@@ -25,7 +25,12 @@ from debezium import DebeziumServer
 from psycopg import sql
 
 from tests.conftest import Database, KafkaStack, wait_for
-from tests.sinks.test_kafka import Reader, reader, start  # noqa: F401 (reader: a fixture)
+from tests.sinks.test_kafka import (  # noqa: F401 (reader: a fixture)
+    Reader,
+    reader,
+    registry_get,
+    start,
+)
 from tests.support import Proc
 
 TABLES = {
@@ -61,12 +66,14 @@ def workload(conn: psycopg.Connection[tuple[object, ...]]) -> None:
 COUNTS = {"items": 9, "pair": 9}
 
 
-def properties(db: Database, stack: KafkaStack, prefix: str) -> dict[str, str]:
-    """Debezium Server: the PostgreSQL connector on its own slot, streaming only, JSON
-    without schemas to Kafka."""
+def properties(db: Database, stack: KafkaStack, prefix: str, avro: bool) -> dict[str, str]:
+    """Debezium Server: the PostgreSQL connector on its own slot, streaming only, to
+    Kafka in JSON without schemas, or in Avro through the registry (Apicurio's
+    converter, which Debezium Server ships; its Apicurio API, the ids its Confluent API
+    answers with)."""
     src = "debezium.source."
     string = "org.apache.kafka.common.serialization.StringSerializer"
-    return {
+    props = {
         "debezium.sink.type": "kafka",
         "debezium.sink.kafka.producer.bootstrap.servers": stack.bootstrap_servers,
         "debezium.sink.kafka.producer.key.serializer": string,
@@ -91,11 +98,28 @@ def properties(db: Database, stack: KafkaStack, prefix: str) -> dict[str, str]:
         src + "skipped.operations": "none",
         "quarkus.log.console.json": "false",
     }
+    if avro:
+        registry = stack.registry_url.replace("/apis/ccompat/v7", "/apis/registry/v3")
+        raw = "org.apache.kafka.common.serialization.ByteArraySerializer"
+        props["debezium.sink.kafka.producer.key.serializer"] = raw
+        props["debezium.sink.kafka.producer.value.serializer"] = raw
+        for part in ("key", "value"):
+            props[f"debezium.format.{part}"] = "avro"
+            props[f"debezium.format.{part}.apicurio.registry.url"] = registry
+            props[f"debezium.format.{part}.apicurio.registry.auto-register"] = "true"
+            props[f"debezium.format.{part}.apicurio.registry.find-latest"] = "true"
+    return props
+
+
+@pytest.fixture(params=[False, True], ids=["json", "avro"])
+def avro(request: pytest.FixtureRequest) -> bool:
+    """JSON without schemas, or Avro through the registry (--debezium-avro)."""
+    return bool(request.param)
 
 
 @pytest.fixture
 def debezium_server(
-    db: Database, tmp_path: Path, kafka_stack: KafkaStack, topic_prefix: str
+    db: Database, tmp_path: Path, kafka_stack: KafkaStack, topic_prefix: str, avro: bool
 ) -> Iterator[DebeziumServer]:
     conn = db.connect()
     for table, columns in TABLES.items():
@@ -106,7 +130,8 @@ def debezium_server(
     server = DebeziumServer(
         base=tmp_path / "debezium",
         port=services.free_port(),
-        properties=properties(db, kafka_stack, f"dbz{topic_prefix}"),
+        properties=properties(db, kafka_stack, f"dbz{topic_prefix}", avro),
+        avro=avro,
     )
     try:
         server.start()
@@ -124,12 +149,13 @@ def debezium_server(
             )
 
 
-def compared(message: Any) -> tuple[Any, ...]:
-    """What both tools must agree on in one message (see the module docstring)."""
-    key = json.loads(message.raw_key) if message.raw_key else None
+def compared(message: Any, avro: bool) -> tuple[Any, ...]:
+    """What both tools must agree on in one message (see the module docstring): JSON
+    parsed, Avro decoded through the registry."""
     if message.raw_value is None:
-        return (key, "tombstone")
-    value = json.loads(message.raw_value)
+        return (message.key if avro else json.loads(message.raw_key), "tombstone")
+    key = message.key if avro else json.loads(message.raw_key) if message.raw_key else None
+    value = message.value if avro else json.loads(message.raw_value)
     source = value["source"]
     return (
         key,
@@ -140,11 +166,45 @@ def compared(message: Any) -> tuple[Any, ...]:
     )
 
 
+_PRIMITIVES = frozenset(("null", "boolean", "int", "long", "float", "double", "bytes", "string"))
+
+
+def expanded(stack: KafkaStack, subject: str, version: str = "latest") -> Any:
+    """A registered Avro schema with every named type written out where it is used
+    (Debezium Server's converter registers its records as references, pg2sink refers
+    to a record by name after its first use)."""
+    got = registry_get(stack, f"subjects/{subject}/versions/{version}")
+    named: dict[str, Any] = {}
+    for ref in got.get("references") or []:
+        named[ref["name"]] = expanded(stack, ref["subject"], str(ref["version"]))
+    return _inline(json.loads(got["schema"]), named, "")
+
+
+def _inline(schema: Any, named: dict[str, Any], namespace: str) -> Any:
+    if isinstance(schema, str):
+        if schema in _PRIMITIVES:
+            return schema
+        return named.get(schema) or named[f"{namespace}.{schema}"]
+    if isinstance(schema, list):
+        return [_inline(s, named, namespace) for s in schema]
+    if schema.get("type") == "record":
+        ns = schema.get("namespace", namespace)
+        out = {k: v for k, v in schema.items() if k not in ("namespace", "fields")}
+        out["name"] = f"{ns}.{schema['name']}" if ns else schema["name"]
+        fields = [{**f, "type": _inline(f["type"], named, ns)} for f in schema["fields"]]
+        named[out["name"]] = out = {**out, "fields": fields}
+        return out
+    if schema.get("type") == "array":
+        return {**schema, "items": _inline(schema["items"], named, namespace)}
+    return schema
+
+
 # the first run on a machine fetches Debezium Server's distribution (780 MB) from Maven
 # Central into the services cache: more than the suite's 300 s may go by
 @pytest.mark.timeout(1200)
 @pytest.mark.slow
 def test_same_values_as_debezium_server(
+    avro: bool,
     db: Database,
     pg2sink_proc: Proc,
     kafka_stack: KafkaStack,
@@ -161,13 +221,20 @@ def test_same_values_as_debezium_server(
             60,
             "Debezium's slot",
         )
-    args = ("--format", "debezium", "--tombstones")
-    p = start(pg2sink_proc, kafka_stack, topic_prefix, *args)  # --schema-registry-url only
+    args = ("--format", "debezium", "--tombstones", *(["--debezium-avro"] if avro else []))
+    p = start(pg2sink_proc, kafka_stack, topic_prefix, *args)  # and --schema-registry-url
     workload(db.connect())
     for table, n in COUNTS.items():
-        ours = reader(f"{topic_prefix}.public.{table}", avro=False).read(n)
-        theirs = reader(f"dbz{topic_prefix}.public.{table}", avro=False).read(n, timeout=90)
+        ours = reader(f"{topic_prefix}.public.{table}", avro=avro).read(n)
+        theirs = reader(f"dbz{topic_prefix}.public.{table}", avro=avro).read(n, timeout=90)
         assert len(ours) == len(theirs) == n
         for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-            assert compared(a) == compared(b), f"{table} message {i}"
+            assert compared(a, avro) == compared(b, avro), f"{table} message {i}"
+        if avro:  # and the same Avro schemas, but for the topic prefix in their names
+            for part in ("key", "value"):
+                mine = expanded(kafka_stack, f"{topic_prefix}.public.{table}-{part}")
+                debezium = expanded(kafka_stack, f"dbz{topic_prefix}.public.{table}-{part}")
+                assert json.dumps(debezium).replace(f'"dbz{topic_prefix}.', '"P.') == (
+                    json.dumps(mine).replace(f'"{topic_prefix}.', '"P.')
+                ), f"{table}-{part}"
     assert p.stop() == 0
