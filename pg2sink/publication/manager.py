@@ -34,6 +34,7 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pg2sink.errors import ConfigError, ServerConfigError
+from pg2sink.publication.columns import ColumnLists, ColumnRule
 from pg2sink.publication.patterns import TableFilter
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,7 @@ class PublicationManager:
         publish_via_partition_root: bool = False,
         on_change: MembershipHook | None = None,
         allow_no_replica_identity: bool = False,
+        exclusions: Sequence[ColumnRule] = (),
     ) -> None:
         self.conn = conn
         self.publication = publication
@@ -175,6 +177,8 @@ class PublicationManager:
         #: each is warned about when it starts being left out, not at every poll
         self._left_out: set[int] = set()
         self._schemas_checked = False
+        #: --exclude-column as publication column lists (publication/columns.py)
+        self.columns = ColumnLists(publication, internal_schema, exclusions)
 
     def selected(self) -> list[Table]:
         """The tables of the schemas that the -t/-T patterns accept."""
@@ -229,6 +233,12 @@ class PublicationManager:
                     self.conn.execute(
                         sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(pub, t.identifier)
                     )
+                self.columns.sync(
+                    self.conn,
+                    [(t.oid, t.schema, t.name) for t in wanted.values()],
+                    {t.oid for t in joined},
+                    self.publish_via_partition_root,
+                )
                 if self.on_change is not None and (joined or left):
                     self.on_change(self.conn, joined, left)
         except psycopg.errors.InsufficientPrivilege as e:
@@ -241,6 +251,7 @@ class PublicationManager:
         if changed:
             log.info("%s", changed)
         self._warn_left_out([t for t in selected if self._keep_out(t)])
+        self.columns.report({t.oid: t.qualified for t in wanted.values()})
         if not selected and self.filter.has_patterns():
             log.warning(
                 "%s select no table in schema(s) %s: publication %s is empty",
@@ -307,5 +318,6 @@ class PublicationManager:
         """Drop the publication; False when it did not exist."""
         if not publication_exists(self.conn, self.publication):
             return False
+        self.columns.forget(self.conn)
         self.conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(self.publication)))
         return True

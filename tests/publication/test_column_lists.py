@@ -1,0 +1,160 @@
+"""--exclude-column as publication column lists, against the real PostgreSQL 15.
+
+What pgoutput sends is read raw (pg_logical_slot_peek_binary_changes on a slot of the
+test's own): the excluded values' bytes are not in it, for INSERT and UPDATE, and for
+an INSERT in the transaction of an ADD COLUMN (pg2sink's event trigger extends the list
+before it). Where PostgreSQL refuses a list the table is published whole and one line
+says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import psycopg
+import pytest
+from psycopg.rows import TupleRow
+
+from pg2sink.config import SecretDsn
+from pg2sink.imports.migrate import apply_migrations
+from pg2sink.publication.manager import PublicationManager
+from pg2sink.publication.patterns import TableFilter
+from pg2sink.routing.rules import compile_rules
+from tests.conftest import Database
+
+
+def _manager(
+    conn: psycopg.Connection[TupleRow], db: Database, *exclude: str, via_root: bool = False
+) -> PublicationManager:
+    return PublicationManager(
+        conn,
+        db.publication,
+        ("public",),
+        TableFilter(),
+        publish_via_partition_root=via_root,
+        exclusions=compile_rules(exclude_columns=exclude).excluded,
+    )
+
+
+def _listed(conn: psycopg.Connection[TupleRow], db: Database) -> dict[str, list[str] | None]:
+    rows = conn.execute(
+        "SELECT tablename, attnames FROM pg_publication_tables WHERE pubname = %s",
+        (db.publication,),
+    ).fetchall()
+    return {r[0]: list(r[1]) for r in rows}
+
+
+def _has_list(conn: psycopg.Connection[TupleRow], table: str) -> bool:
+    row = conn.execute(
+        "SELECT prattrs IS NOT NULL FROM pg_publication_rel WHERE prrelid = %s::regclass",
+        (table,),
+    ).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+def _peek(conn: psycopg.Connection[TupleRow], db: Database) -> bytes:
+    time.sleep(1)  # synchronous_commit=off: decoding reads flushed WAL only
+    rows = conn.execute(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL,"
+        " 'proto_version', '1', 'publication_names', %s)",
+        (db.slot, db.publication),
+    ).fetchall()
+    return b"".join(bytes(r[0]) for r in rows)
+
+
+@pytest.fixture
+def conn(db: Database) -> psycopg.Connection[TupleRow]:
+    apply_migrations(SecretDsn(db.dsn), "pg2sink")
+    return db.connect()
+
+
+def test_excluded_values_never_reach_pgoutput(
+    conn: psycopg.Connection[TupleRow], db: Database
+) -> None:
+    conn.execute("CREATE TABLE users (id int PRIMARY KEY, name text, password text)")
+    conn.execute("CREATE TABLE plain (id int PRIMARY KEY, v text)")
+    _manager(conn, db, "public.users.pass*", "*.token").reconcile()
+    assert _listed(conn, db) == {"users": ["id", "name"], "plain": ["id", "v"]}
+    assert not _has_list(conn, "plain")  # nothing excluded: published whole
+    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (db.slot,))
+    conn.execute("INSERT INTO users VALUES (1, 'ann', 'pw-ins-1')")
+    conn.execute("UPDATE users SET name = 'anna', password = 'pw-upd-1' WHERE id = 1")
+    with conn.transaction():
+        conn.execute("ALTER TABLE users ADD COLUMN extra text, ADD COLUMN token text")
+        conn.execute("INSERT INTO users VALUES (2, 'bob', 'pw-ins-2', 'xtra-2', 'tok-2')")
+    # a column renamed to an excluded name leaves the list too
+    with conn.transaction():
+        conn.execute("ALTER TABLE users RENAME COLUMN extra TO token2")
+        conn.execute("ALTER TABLE users RENAME COLUMN token2 TO password2")
+        conn.execute("INSERT INTO users VALUES (3, 'cat', 'pw-ins-3', 'pw2-3', 'tok-3')")
+    raw = _peek(conn, db)
+    for value in (b"ann", b"anna", b"bob", b"xtra-2", b"extra", b"cat"):
+        assert value in raw, value
+    for secret in (b"pw-ins-1", b"pw-upd-1", b"pw-ins-2", b"tok-2", b"token", b"pw-ins-3"):
+        assert secret not in raw, secret
+    assert b"pw2-3" not in raw and _listed(conn, db)["users"] == ["id", "name"]
+
+
+def test_drop_column_cascade_keeps_the_table_published(
+    conn: psycopg.Connection[TupleRow], db: Database
+) -> None:
+    conn.execute("CREATE TABLE users (id int PRIMARY KEY, name text, note text, password text)")
+    _manager(conn, db, "users.password").reconcile()
+    # PostgreSQL 15 refuses to drop a listed column without CASCADE, which takes the
+    # table out of the publication: the trigger puts it back in the same transaction
+    with pytest.raises(psycopg.errors.DependentObjectsStillExist):
+        conn.execute("ALTER TABLE users DROP COLUMN note")
+    conn.execute("ALTER TABLE users DROP COLUMN note CASCADE")
+    assert _listed(conn, db) == {"users": ["id", "name"]}
+    conn.execute("ALTER TABLE users DROP COLUMN password")  # unlisted: no CASCADE needed
+    assert _listed(conn, db) == {"users": ["id", "name"]}
+
+
+def test_refused_lists_fall_back_and_say_so(
+    conn: psycopg.Connection[TupleRow], db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    conn.execute("CREATE TABLE full_id (id int PRIMARY KEY, password text)")
+    conn.execute("ALTER TABLE full_id REPLICA IDENTITY FULL")
+    conn.execute("CREATE TABLE parted (id int PRIMARY KEY, password text) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (10)")
+    conn.execute("CREATE TABLE by_hand (id int PRIMARY KEY, password text)")
+    conn.execute("CREATE TABLE listed (id int PRIMARY KEY, password text)")
+    conn.execute(f'CREATE PUBLICATION "{db.publication}" FOR TABLE by_hand (id, password)')
+    manager = _manager(conn, db, "*.password")
+    with caplog.at_level(logging.WARNING):
+        manager.reconcile()
+        manager.reconcile()  # said once, not at every poll
+    lines = [r.getMessage() for r in caplog.records if "still travel" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "public.full_id: REPLICA IDENTITY FULL" in lines[0]
+    assert "public.parted: a partitioned table needs --publish-via-partition-root" in lines[0]
+    assert "public.by_hand: its column list or row filter was set by hand" in lines[0]
+    assert "listed" not in lines[0]
+    assert _has_list(conn, "listed") and not _has_list(conn, "full_id")
+    assert _listed(conn, db)["by_hand"] == ["id", "password"]  # the user's, as it was
+    # a FULL identity set later: the trigger publishes the table whole again
+    conn.execute("ALTER TABLE listed REPLICA IDENTITY FULL")
+    assert not _has_list(conn, "listed")
+    conn.execute("UPDATE listed SET password = 'x'")  # PostgreSQL accepts it
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        manager.reconcile()
+    assert "public.listed: REPLICA IDENTITY FULL" in caplog.text
+
+
+def test_partitioned_root_via_root_and_lifting_exclusions(
+    conn: psycopg.Connection[TupleRow], db: Database
+) -> None:
+    conn.execute("CREATE TABLE parted (id int PRIMARY KEY, password text) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (10)")
+    _manager(conn, db, "parted.password", via_root=True).reconcile()
+    assert _listed(conn, db) == {"parted": ["id"]}
+    conn.execute("ALTER TABLE parted ADD COLUMN v text")
+    assert _listed(conn, db) == {"parted": ["id", "v"]}
+    # started again without --exclude-column: published whole, no longer pg2sink's list
+    _manager(conn, db, via_root=True).reconcile()
+    assert not _has_list(conn, "parted")
+    conn.execute("ALTER TABLE parted ADD COLUMN w text")
+    assert not _has_list(conn, "parted")
