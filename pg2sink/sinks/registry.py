@@ -101,6 +101,12 @@ def _bigquery(config: BigQueryConfig) -> Sink:
     return BigQuerySink(config)
 
 
+def _bigquery_imports(config: BigQueryConfig) -> ImportTarget:
+    from pg2sink.sinks.bigquery.imports import BigQueryImportTarget
+
+    return BigQueryImportTarget(config)
+
+
 def _file(config: FileConfig) -> Sink:
     from pg2sink.sinks.file.sink import FileSink, TransactionsFileSink
 
@@ -222,6 +228,7 @@ SINKS: tuple[SinkEntry, ...] = (
         BigQueryConfig,
         BIGQUERY_GROUP,
         extra="bigquery",
+        imports=_bigquery_imports,
     ),
     SinkEntry(
         "null",

@@ -26,7 +26,8 @@ from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.rows import state_rows
 from pg2sink.sinks.bigquery.warehouse import STATE_TABLE, Warehouse, client
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
-from tests.sinks.test_duckdb import caught_up, create_workload_tables, normal, run_workload
+from tests.imports.support import wait_imported
+from tests.sinks.test_duckdb import BIG, caught_up, create_workload_tables, normal, run_workload
 from tests.support import FAST, Proc
 
 PROJECT = "pg2sink-tests"
@@ -173,6 +174,47 @@ def test_a_restart_continues_without_duplicates(
         ("en", 2, "two"),
     ]
     assert bq_rows(bigquery_endpoint, f"SELECT COUNT(*) FROM `{ds}.public_docs_raw`") == [(2,)]
+
+
+# --- imports -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_tables_existing_rows_are_imported(
+    db: Database,
+    conn: psycopg.Connection[Any],
+    pg2sink_proc: Proc,
+    bigquery_endpoint: str,
+    dataset: str,
+) -> None:
+    conn.execute("CREATE TABLE old (id int PRIMARY KEY, s text, big text, at timestamptz)")
+    conn.execute("ALTER TABLE old ALTER COLUMN big SET STORAGE EXTERNAL")
+    conn.execute(
+        "INSERT INTO old SELECT g, 's' || g, CASE WHEN g = 7 THEN %s END, "
+        "'2024-01-01 00:00+00'::timestamptz + g * interval '1 hour' "
+        "FROM generate_series(1, 3000) g",
+        (BIG,),
+    )
+    p = pg2sink_proc(
+        "--sink", "bigquery", "--bigquery-project", PROJECT, "--bigquery-dataset", dataset,
+        "--bigquery-endpoint", bigquery_endpoint, *FAST, env={"PG2SINK_NO_IMPORTS": "0"},
+    ).start()  # fmt: skip
+    p.wait_streaming(60)
+    wait_imported(db, {"public.old"}, p)
+    conn.execute("UPDATE old SET s = 'streamed' WHERE id IN (7, 8)")  # 7: TOAST unchanged
+    conn.execute("DELETE FROM old WHERE id = 9")
+    caught_up(db, timeout=120)
+    assert p.stop() == 0
+    ds = f"{PROJECT}.{dataset}"
+    got = bq_rows(bigquery_endpoint, f"SELECT * FROM `{ds}.public_old` ORDER BY id")
+    assert got == pg_rows(conn, "SELECT * FROM old ORDER BY id")
+    count = f"SELECT COUNT(*) FROM `{ds}.public_old_raw` WHERE _pg2sink_operation = 'IMPORT'"
+    assert bq_rows(bigquery_endpoint, count) == [(3000,)]
+    # the staging tables are gone once a batch named them in its state row
+    bq = client(config(bigquery_endpoint, dataset))
+    names = [t.table_id for t in bq.list_tables(ds)]
+    bq.close()  # type: ignore[no-untyped-call]
+    assert not [n for n in names if n.startswith("_pg2sink_import_")], names
 
 
 # --- delivery -----------------------------------------------------------------------------

@@ -70,8 +70,8 @@ def _arrays_without_nulls(
     return table.set_column(index, raw, pa.array(values, table.schema.field(raw).type))
 
 
-def state_rows(slot: str, lsn: int, position: int) -> pa.Table:
-    """The state table's row of a batch."""
+def state_rows(slot: str, lsn: int, position: int, imports: Sequence[str] = ()) -> pa.Table:
+    """The state table's row of a batch: also the staging tables it loaded."""
     import pyarrow as pa
 
     return pa.table(
@@ -79,6 +79,7 @@ def state_rows(slot: str, lsn: int, position: int) -> pa.Table:
             "slot": pa.array([slot], pa.string()),
             "lsn": pa.array([lsn], pa.int64()),
             "position": pa.array([position], pa.int64()),
+            "imports": pa.array([list(imports)], pa.list_(pa.string())),
         }
     )
 

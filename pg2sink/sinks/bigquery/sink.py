@@ -21,14 +21,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from google.cloud import bigquery
+
 from pg2sink.changelog.records import Modification, Record, Schema
 from pg2sink.errors import SinkError
 from pg2sink.logical.lsn import format_lsn
 from pg2sink.sinks.batching import BackgroundCommits
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.rows import BigQueryToast, state_rows, table_rows
-from pg2sink.sinks.bigquery.warehouse import STATE_TABLE, Warehouse
-from pg2sink.sinks.duckdb.layout import Layout, evolve, new_layout
+from pg2sink.sinks.bigquery.schema import quote
+from pg2sink.sinks.bigquery.warehouse import STATE_TABLE, StagedImport, Warehouse
+from pg2sink.sinks.duckdb.layout import META, OPERATION, POSITION, Layout, evolve, new_layout
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,8 @@ class BigQuerySink:
         self._layouts: dict[tuple[str, str], Layout] = {}
         self._names: set[str] = set()
         self._position = 0
+        #: the staging tables of imports already in the raw tables
+        self._imported: set[str] = set()
         self._commits = BackgroundCommits(self._load, "pg2sink-bigquery", MAX_BATCH_RECORDS)
 
     def use_slot(self, slot: str) -> None:
@@ -62,6 +67,7 @@ class BigQuerySink:
         """Connect, create the dataset when missing, read the layouts and where it is."""
         warehouse = Warehouse(self.config, self.slot)
         self._layouts, self._names, stored, self._position = warehouse.open()
+        self._imported = warehouse.loaded_imports()
         self._warehouse = warehouse
         self._commits.start(stored)
         log.info("bigquery sink writing to %s, from LSN %s", warehouse.dataset, format_lsn(stored))
@@ -103,6 +109,9 @@ class BigQuerySink:
         if warehouse is None:
             raise SinkError("the bigquery sink was not opened")
         start, position = self._commits.stored, self._position
+        staged = warehouse.staged_imports(self._imported)
+        for staged_import in staged:
+            position = self._load_import(warehouse, staged_import, position)
         rows: dict[tuple[str, str], list[tuple[int, Modification]]] = {}
         for record in records:
             if isinstance(record, Schema):
@@ -119,13 +128,55 @@ class BigQuerySink:
                 rows.setdefault(table, []).append((position, record))
         for table, queued in rows.items():
             self._flush_table(warehouse, table, queued, start, lsn)
+        loaded = [s.name for s in staged]
         warehouse.load(
             STATE_TABLE,
-            state_rows(self.slot, lsn, position),
+            state_rows(self.slot, lsn, position, loaded),
             warehouse.job_id(STATE_TABLE, start, lsn),
         )
         self._commits.stored, self._position = lsn, position
+        self._imported.update(loaded)
+        for name in loaded:  # in the raw tables now, and named in the state row
+            warehouse.drop(name)
         return lsn
+
+    def _load_import(self, warehouse: Warehouse, staged: StagedImport, position: int) -> int:
+        """A staging table's rows into its table's raw table after `position` (the
+        layout gains the columns the import's snapshot has); the next position. A row
+        whose key has an IMPORT row of the same or a newer snapshot is not loaded (a
+        partition staged twice). The DML job's id is derived from the staging table and
+        `position`: a batch retried after a crash finds it DONE and its count."""
+        table = (staged.schema.namespace, staged.schema.name)
+        layout = self._layouts.get(table)
+        known = set() if layout is None else {c.column for c in layout.live()}
+        if not {c.column for c in staged.layout.live()} <= known:
+            self._apply(warehouse, staged.schema, position, keep=known)
+        layout = self._layouts[table]
+        by_column = {c.column: c for c in layout.columns}
+        meta = [n for n, _ in META if n != POSITION]
+        targets = [*meta, *(by_column[c.column].raw for c in staged.layout.live())]
+        sources = [*meta, *(c.raw for c in staged.layout.live())]
+        raw = quote(f"{warehouse.dataset}.{layout.raw}")
+        values = ", ".join(f"s.{quote(c)}" for c in sources)
+        sql = (
+            f"INSERT INTO {raw} ({POSITION}, {', '.join(quote(t) for t in targets)}) "
+            f"SELECT @position + ROW_NUMBER() OVER (), {values} "
+            f"FROM {quote(f'{warehouse.dataset}.{staged.name}')} AS s"
+        )
+        if layout.primary_key and staged.layout.primary_key == layout.primary_key:
+            staged_by_column = {c.column: c for c in staged.layout.live()}
+            same = " AND ".join(
+                f"r.{quote(by_column[k].raw)} = s.{quote(staged_by_column[k].raw)}"
+                for k in layout.primary_key
+            )
+            sql += (
+                f" WHERE NOT EXISTS (SELECT 1 FROM {raw} AS r WHERE r.{OPERATION} = 'IMPORT' "
+                f"AND r._pg2sink_lsn >= s._pg2sink_lsn AND {same})"
+            )
+        param = bigquery.ScalarQueryParameter("position", "INT64", position)
+        count = warehouse.dml(sql, [param], f"pg2sink_insert_{staged.name}_{position:X}")
+        log.info("bigquery: %s rows of an import of %s.%s loaded", count, table[0], table[1])
+        return position + count
 
     def _flush_table(
         self,
@@ -147,7 +198,13 @@ class BigQuerySink:
             layout.raw, table_rows(layout, filled, unchanged), warehouse.job_id(what, start, lsn)
         )
 
-    def _apply(self, warehouse: Warehouse, schema: Schema, position: int) -> None:
+    def _apply(
+        self,
+        warehouse: Warehouse,
+        schema: Schema,
+        position: int,
+        keep: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
         """Create or evolve the table's raw table and view; keep its Layout."""
         from pg2sink.sinks.bigquery.rows import missing_values
 
@@ -156,7 +213,9 @@ class BigQuerySink:
         created = layout is None
         if layout is None:
             layout, _ = new_layout(schema, self._names)
-        evolved, ddl = evolve(layout, schema, position=position, missing=missing_values(schema))
+        evolved, ddl = evolve(
+            layout, schema, keep, position=position, missing=missing_values(schema)
+        )
         if created or ddl:
             warehouse.apply(evolved, created)
         self._layouts[table] = evolved

@@ -15,15 +15,18 @@ import logging
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from google.api_core import exceptions as google_errors
 from google.cloud import bigquery
 
+from pg2sink.changelog.records import Schema
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.schema import Field, clustering, table_fields, view_sql
+from pg2sink.sinks.duckdb.imports import LAYOUT_KEY, SCHEMA_KEY, schema_of
 from pg2sink.sinks.duckdb.layout import Layout
 
 if TYPE_CHECKING:
@@ -31,9 +34,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STATE_TABLE", "Warehouse", "client"]
+__all__ = ["IMPORTS_TABLE", "STATE_TABLE", "StagedImport", "Warehouse", "client"]
 
 STATE_TABLE = "_pg2sink_state"
+#: the staging tables imports recorded (imports.py)
+IMPORTS_TABLE = "_pg2sink_imports"
 #: the description of a raw table starts with this, then its Layout as JSON
 LAYOUT_MARK = "pg2sink layout: "
 #: a load job id that failed is spent (BigQuery keeps it): the next attempt gets `_<n+1>`
@@ -41,6 +46,16 @@ MAX_ATTEMPTS = 5
 #: how long a load job may take before the batch fails (retried by the stream)
 JOB_TIMEOUT = 600.0
 _NOT_IN_ID = re.compile(r"[^A-Za-z0-9_-]")
+
+
+@dataclass(frozen=True)
+class StagedImport:
+    """A partition of an import in its staging table (imports.py)."""
+
+    name: str
+    schema: Schema
+    layout: Layout
+    """The staging table's columns (imports.staging_layout)."""
 
 
 def client(config: BigQueryConfig) -> bigquery.Client:
@@ -106,21 +121,81 @@ class Warehouse:
 
     # --- the dataset, its layouts and state ---
 
-    def open(self) -> tuple[dict[tuple[str, str], Layout], set[str], int, int]:
-        """Create the dataset and state table when missing; the layouts of its raw
-        tables, every table name (lower-cased), and the slot's stored LSN and the last
-        position given to a raw row."""
+    def prepare(self) -> None:
+        """Create the dataset, the state table and the imports table when missing."""
         dataset = bigquery.Dataset(self.dataset)
         if self.config.bigquery_location:
             dataset.location = self.config.bigquery_location
         self.call("create dataset", self.client.create_dataset, dataset, exists_ok=True)
-        state = bigquery.Table(
-            f"{self.dataset}.{STATE_TABLE}",
-            schema=_schema(
-                [Field("slot", "STRING"), Field("lsn", "INT64"), Field("position", "INT64")]
-            ),
+        tables = {
+            STATE_TABLE: [
+                Field("slot", "STRING"),
+                Field("lsn", "INT64"),
+                Field("position", "INT64"),
+                Field("imports", "STRING", repeated=True),
+            ],
+            IMPORTS_TABLE: [
+                Field("name", "STRING"),
+                Field("lsn", "INT64"),
+                Field("schema", "STRING"),
+                Field("layout", "STRING"),
+            ],
+        }
+        for name, fields in tables.items():
+            table = bigquery.Table(f"{self.dataset}.{name}", schema=_schema(fields))
+            self.call(f"create {name}", self.client.create_table, table, exists_ok=True)
+
+    def staged_imports(self, done: set[str]) -> list[StagedImport]:
+        """The staging tables imports recorded and no batch loaded yet, oldest snapshot
+        first."""
+        rows = self.query(
+            f"SELECT name, schema, layout FROM `{self.dataset}.{IMPORTS_TABLE}` ORDER BY lsn, name"
         )
-        self.call("create state table", self.client.create_table, state, exists_ok=True)
+        out = []
+        for name, schema, layout in rows:
+            if name not in done:
+                metadata = {SCHEMA_KEY: schema.encode(), LAYOUT_KEY: layout.encode()}
+                out.append(StagedImport(name, *schema_of(metadata)))
+        return out
+
+    def loaded_imports(self) -> set[str]:
+        """The staging tables a batch has loaded (named in its state row)."""
+        rows = self.query(
+            f"SELECT name FROM `{self.dataset}.{STATE_TABLE}`, UNNEST(imports) AS name"
+        )
+        return {name for (name,) in rows}
+
+    def dml(self, sql: str, params: Sequence[Any], job_id: str) -> int:
+        """The rows a DML query job `job_id` changed; a job of that id already DONE (a
+        retried batch) is not run again: its count is read."""
+        job = self._job(job_id)
+        if job is None:
+            config = bigquery.QueryJobConfig(query_parameters=list(params))
+
+            def run() -> Any:
+                return self.client.query(sql, job_config=config, job_id=job_id, job_retry=None)
+
+            job = self.call("query", run)
+        self.call(f"wait for {job_id}", _wait, job)
+        if job.error_result is not None:
+            raise SinkError(f"bigquery: {job_id}: {_one_line(Exception(job.error_result))}")
+        return int(job.num_dml_affected_rows or 0)
+
+    def drop(self, table: str) -> None:
+        self.call(
+            f"drop {table}", self.client.delete_table, f"{self.dataset}.{table}", not_found_ok=True
+        )
+
+    def create_table(self, layout: Layout, name: str) -> None:
+        """A table of `layout`'s raw columns (an import's staging table)."""
+        table = bigquery.Table(f"{self.dataset}.{name}", schema=_schema(table_fields(layout)))
+        self.call(f"create {name}", self.client.create_table, table)
+
+    def open(self) -> tuple[dict[tuple[str, str], Layout], set[str], int, int]:
+        """Create the dataset and state table when missing; the layouts of its raw
+        tables, every table name (lower-cased), and the slot's stored LSN and the last
+        position given to a raw row."""
+        self.prepare()
         layouts: dict[tuple[str, str], Layout] = {}
         names: set[str] = set()
         for item in self.call("list tables", lambda: list(self.client.list_tables(self.dataset))):
