@@ -16,6 +16,8 @@ same for both.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -197,3 +199,27 @@ def test_jdbc_sink_connector_makes_an_equal_copy(
     diff = [d for t in want for d in differences(got.get(t), want[t])]
     assert got == want, f"the target differs ({worker.log}):\n" + "\n".join(diff)
     assert p.stop() == 0
+
+
+def test_the_launchers_target_and_converters() -> None:
+    """scripts/kafka_connect.py: --target as the connector's JDBC settings (a URL that is
+    not PostgreSQL's refused), and the Avro converters on Apicurio's own API."""
+    url, user, password = kafka_connect.jdbc_url("postgresql://ann:Hunter2@db1:6543/copy")
+    assert (url, user, password) == ("jdbc:postgresql://db1:6543/copy", "ann", "Hunter2")
+    assert kafka_connect.jdbc_url("postgres://h/x")[:2] == (
+        "jdbc:postgresql://h:5432/x",
+        "postgres",
+    )
+    with pytest.raises(ValueError, match="postgresql://"):
+        kafka_connect.jdbc_url("mysql://h/x")
+    converters = kafka_connect.avro_converters("http://r:8080/apis/ccompat/v7")
+    assert converters["value.converter.apicurio.registry.url"] == "http://r:8080/apis/registry/v3"
+    assert converters["key.converter"] == kafka_connect.AVRO_CONVERTER
+    done = subprocess.run(
+        [sys.executable, str(kafka_connect.__file__), "jdbc-sink", "--topics-regex", "x",
+         "--target", "mysql://h/x", "--bootstrap-servers", "127.0.0.1:1"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "connect: --target must be a postgresql://user@host:port/database URL"
+    )
