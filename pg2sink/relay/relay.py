@@ -140,7 +140,11 @@ class Relay:
                 self._stored = stored_offsets(self.offsets_file, self.cfg.relay_group_id)
             self.sink.open()
             # librdkafka takes a topic starting with ^ as a regular expression
-            consumer.subscribe([f"^({self.cfg.relay_topics})$"], on_assign=self._on_assign)
+            topics = [f"^({self.cfg.relay_topics})$"]
+            if self.offsets_file is not None:  # each partition from the file's offset
+                consumer.subscribe(topics, on_assign=self._on_assign)
+            else:
+                consumer.subscribe(topics)
             log.info(
                 "pg2sink relay is relaying topics %r from %s (group %s)",
                 self.cfg.relay_topics,
@@ -266,7 +270,8 @@ class Relay:
         return mark
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Partitions given to this relay start where the DuckDB file says, if it does."""
+        """Partitions given to this relay start where the DuckDB file says, if it does
+        (the eager assignment librdkafka does by default: assign() takes the whole set)."""
         for tp in partitions:
             stored = self._stored.get((tp.topic, tp.partition))
             if stored is not None:
