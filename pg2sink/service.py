@@ -259,6 +259,7 @@ class StreamService:
             publish_via_partition_root=src.publish_via_partition_root,
             on_change=self._membership_changed if self.imports else None,
             allow_no_replica_identity=src.allow_no_replica_identity,
+            exclusions=self.rules.excluded,
         )
 
     def _start_replication(self, stack: ExitStack) -> ReplicationStream:
