@@ -158,3 +158,28 @@ def test_partitioned_root_via_root_and_lifting_exclusions(
     assert not _has_list(conn, "parted")
     conn.execute("ALTER TABLE parted ADD COLUMN w text")
     assert not _has_list(conn, "parted")
+
+
+def test_without_the_right_to_create_the_trigger_no_list(
+    conn: psycopg.Connection[TupleRow], db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A list without the trigger would miss columns added later: published whole."""
+    role = f"r_{db.name}"
+    conn.execute("CREATE TABLE users (id int PRIMARY KEY, password text)")
+    conn.execute(f'CREATE ROLE "{role}"')
+    try:
+        conn.execute(f'GRANT CREATE ON DATABASE "{db.name}" TO "{role}"')
+        conn.execute(f'ALTER TABLE users OWNER TO "{role}"')
+        conn.execute(f'GRANT USAGE ON SCHEMA pg2sink TO "{role}"')
+        conn.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA pg2sink TO "{role}"')
+        conn.execute(f'SET ROLE "{role}"')
+        with caplog.at_level(logging.WARNING):
+            _manager(conn, db, "users.password").reconcile()
+        conn.execute("RESET ROLE")
+        assert _listed(conn, db) == {"users": ["id", "password"]}
+        assert "public.users: creating the event trigger" in caplog.text
+        assert "needs a superuser" in caplog.text
+    finally:
+        conn.execute("RESET ROLE")
+        conn.execute(f'DROP OWNED BY "{role}"')
+        conn.execute(f'DROP ROLE "{role}"')
