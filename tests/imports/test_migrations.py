@@ -22,7 +22,12 @@ def _tables(conn: psycopg.Connection[TupleRow], schema: str) -> set[str]:
 
 def test_apply_creates_the_schema_once(db: Database, pg_conn: psycopg.Connection[TupleRow]) -> None:
     applied = apply_migrations(SecretDsn(db.dsn), "pg2sink")
-    assert applied == ["0001.import-jobs", "0002.capture-ddl", "0003.ddl-capture-users"]
+    assert applied == [
+        "0001.import-jobs",
+        "0002.capture-ddl",
+        "0003.ddl-capture-users",
+        "0004.column-lists",
+    ]
     assert {"import_jobs", "import_partitions", "_yoyo_migration"} <= _tables(pg_conn, "pg2sink")
     # nothing of it in public: the search_path was the internal schema only
     assert not _tables(pg_conn, "public") & {"import_jobs", "_yoyo_migration", "yoyo_lock"}
@@ -37,11 +42,12 @@ def test_a_non_default_schema_name_with_odd_characters(
         "0001.import-jobs",
         "0002.capture-ddl",
         "0003.ddl-capture-users",
+        "0004.column-lists",
     ]
     assert {"import_jobs", "import_partitions"} <= _tables(pg_conn, name)
     assert "import_jobs" not in _tables(pg_conn, "pg2sink")
     # a second deployment in the same database has its own, independent schema
-    assert len(apply_migrations(SecretDsn(db.dsn), "pg2sink")) == 3
+    assert len(apply_migrations(SecretDsn(db.dsn), "pg2sink")) == 4
     pg_conn.execute(
         sql.SQL(
             "INSERT INTO {} (publication, schema_name, table_name) VALUES ('p', 's', 't')"
@@ -70,8 +76,8 @@ def test_pg2sink_migrate_command(db: Database, pg_conn: psycopg.Connection[Tuple
     first = run_cli("migrate", "--internal-schema", "pg2sink_ops", env=env)
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() == (
-        "applied 3 migration(s) to schema pg2sink_ops: "
-        "0001.import-jobs, 0002.capture-ddl, 0003.ddl-capture-users"
+        "applied 4 migration(s) to schema pg2sink_ops: "
+        "0001.import-jobs, 0002.capture-ddl, 0003.ddl-capture-users, 0004.column-lists"
     )
     again = run_cli("migrate", env={**env, "PG2SINK_INTERNAL_SCHEMA": "pg2sink_ops"})
     assert again.returncode == 0, again.stderr
