@@ -49,6 +49,9 @@ DECLARE
     cols text;
     current_cols text;
 BEGIN
+    -- capture_ddl (--capture-ddl) skips the ALTER PUBLICATION statements run here: its
+    -- consumers get the user's ALTER TABLE once, not once per statement it caused
+    PERFORM set_config('pg2sink.column_lists', 'on', true);
     FOR r IN
         SELECT DISTINCT l.publication, c.oid, n.nspname, c.relname,
                c.relreplident = 'f' AND (p.pubupdate OR p.pubdelete) AS full_identity
@@ -84,6 +87,25 @@ BEGIN
         EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I%s', r.publication, r.nspname,
                        r.relname, CASE WHEN cols = '' THEN '' ELSE ' (' || cols || ')' END);
     END LOOP;
+    PERFORM set_config('pg2sink.column_lists', '', true);
+END
+$$;
+
+-- migration 0002's function, but silent while extend_column_lists() runs
+CREATE OR REPLACE FUNCTION capture_ddl() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    IF current_setting('pg2sink.column_lists', true) = 'on' THEN
+        RETURN;
+    END IF;
+    PERFORM pg_logical_emit_message(
+        true,
+        'pg2sink.ddl',
+        json_build_object('tag', tg_tag, 'query', current_query())::text
+    );
+    -- No EXCEPTION block: it would run the message in a subtransaction, and the
+    -- decoder then orders it after the transaction's later changes. SECURITY DEFINER
+    -- (owned by the superuser who installed it) lets every role's DDL emit it.
 END
 $$;
 

@@ -10,6 +10,7 @@ says so.
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import psycopg
@@ -183,3 +184,32 @@ def test_without_the_right_to_create_the_trigger_no_list(
         conn.execute("RESET ROLE")
         conn.execute(f'DROP OWNED BY "{role}"')
         conn.execute(f'DROP ROLE "{role}"')
+
+
+def test_capture_ddl_sends_the_alter_table_once(
+    conn: psycopg.Connection[TupleRow], db: Database
+) -> None:
+    """--capture-ddl's trigger stays silent for the ALTER PUBLICATION statements the list's
+    trigger runs: a consumer replaying DDL would run the ALTER TABLE three times."""
+    conn.execute("CREATE TABLE users (id int PRIMARY KEY, password text)")
+    _manager(conn, db, "users.password").reconcile()
+    conn.execute(
+        "CREATE EVENT TRIGGER pg2sink_capture_ddl ON ddl_command_end"
+        " EXECUTE FUNCTION pg2sink.capture_ddl()"
+    )
+    try:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (db.slot,))
+        with conn.transaction():
+            conn.execute("ALTER TABLE users ADD COLUMN extra text")
+            conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+        time.sleep(1)  # synchronous_commit=off: decoding reads flushed WAL only
+        rows = conn.execute(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL,"
+            " 'proto_version', '1', 'publication_names', %s, 'messages', 'true')",
+            (db.slot, db.publication),
+        ).fetchall()
+    finally:
+        conn.execute("DROP EVENT TRIGGER pg2sink_capture_ddl")
+    tags = re.findall(rb'"tag" : "([A-Z ]+)"', b"".join(bytes(r[0]) for r in rows))
+    assert tags == [b"ALTER TABLE", b"CREATE TABLE"]
+    assert _listed(conn, db)["users"] == ["id", "extra"]
