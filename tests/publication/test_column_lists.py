@@ -159,6 +159,13 @@ def test_partitioned_root_via_root_and_lifting_exclusions(
     assert not _has_list(conn, "parted")
     conn.execute("ALTER TABLE parted ADD COLUMN w text")
     assert not _has_list(conn, "parted")
+    # pg2sink drop: the publication's patterns and marks go with it
+    again = _manager(conn, db, "parted.password", via_root=True)
+    again.reconcile()
+    stored = "SELECT count(*) FROM pg2sink.column_exclusions WHERE publication = %s"
+    assert conn.execute(stored, (db.publication,)).fetchone() == (1,)
+    assert again.drop()
+    assert conn.execute(stored, (db.publication,)).fetchone() == (0,)
 
 
 def test_without_the_right_to_create_the_trigger_no_list(
