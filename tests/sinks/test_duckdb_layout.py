@@ -197,7 +197,7 @@ def test_a_table_without_a_key_is_a_multiset(tmp_path: Path) -> None:
         sink.write(insert("public", "t", i, line=line))
     sink.write(insert("public", "none", 4))
     sink.write(insert("public", "none", 5))
-    changes = [
+    changes: list[tuple[Operation, str, dict[str, object], dict[str, object] | None]] = [
         (Operation.DELETE, "t", {"line": "a"}, None),
         (Operation.UPDATE, "t", {"line": "b"}, {"line": "c"}),
         (Operation.DELETE, "t", {"line": None}, None),
@@ -222,7 +222,10 @@ def test_the_multiset_view_follows_random_changes(tmp_path: Path) -> None:
     sink.write(schema("public", "m", ("s", TEXT), ("n", INT), key=""))
     lsn = sequence = 0
     for _ in range(300):
-        row = {"s": rng.choice("abc"), "n": rng.choice([1, 2, None])}
+        s, n = rng.choice("abc"), rng.choice([1, 2, None])
+        row: dict[str, object] = {"s": s, "n": n}
+        before: dict[str, object] | None
+        after: dict[str, object] | None
         rows = sorted(kept.elements(), key=repr)
         old = rng.choice(rows) if rows else None
         choice = rng.random()
@@ -238,7 +241,7 @@ def test_the_multiset_view_follows_random_changes(tmp_path: Path) -> None:
         if before is not None:
             kept[old] -= 1  # type: ignore[index]
         if after is not None:
-            kept[after["s"], after["n"]] += 1
+            kept[s, n] += 1
         sink.write(Modification(NOW, sequence, lsn, 7, op, "public", "m", before, after))
         sequence += 1
         if rng.random() < 0.2:
