@@ -95,6 +95,7 @@ class ColumnLists:
         self.internal_schema = internal_schema
         self.exclusions = tuple(exclusions)
         self._stored = False
+        self._failure: str | None = None
         #: the last reconcile's tables whose excluded values travel: oid -> why
         self.travelling: dict[int, str] = {}
         self._reported: dict[int, str] = {}
@@ -116,8 +117,8 @@ class ColumnLists:
             return "PostgreSQL before 15 has no column lists"
         if not self._migrated(conn):
             return "pg2sink's internal schema is not migrated"
-        if self._stored:
-            return None
+        if self._stored:  # tried once per process: no CREATE refused at every poll
+            return self._failure
         conn.execute(
             sql.SQL("DELETE FROM {} WHERE publication = %s").format(
                 self._internal("column_exclusions")
@@ -138,12 +139,9 @@ class ColumnLists:
                     _regex(rule.column.pattern),
                 ),
             )
-        if self.exclusions:
-            failure = self._ensure_trigger(conn)
-            if failure is not None:
-                return failure
+        self._failure = self._ensure_trigger(conn) if self.exclusions else None
         self._stored = True
-        return None
+        return self._failure
 
     def _ensure_trigger(self, conn: psycopg.Connection[TupleRow]) -> str | None:
         name = self.internal_schema + TRIGGER_SUFFIX
