@@ -43,7 +43,7 @@ from pg2sink.errors import SinkError
 from pg2sink.logical.lsn import format_lsn
 from pg2sink.sinks.duckdb.config import DuckDBConfig
 from pg2sink.sinks.duckdb.imports import staged_files, unfinished_files
-from pg2sink.sinks.duckdb.layout import Layout
+from pg2sink.sinks.duckdb.layout import Layout, quote
 from pg2sink.sinks.duckdb.transaction import Transaction
 
 log = logging.getLogger(__name__)
@@ -364,7 +364,8 @@ def _limit_memory(con: duckdb.DuckDBPyConnection) -> None:
     names = {name for (name,) in con.execute("SELECT name FROM duckdb_settings()").fetchall()}
     for name, value in MEMORY_SETTINGS.items():
         if name in names:
-            con.execute(f"SET {name} = '{value}'")
+            # SET takes no parameters: the name quoted, the value as a string literal
+            con.execute("SET " + quote(name) + " = '" + value.replace("'", "''") + "'")
 
 
 def _remove(files: Iterable[str]) -> None:
