@@ -27,8 +27,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -136,14 +134,7 @@ class HttpServer(services.OnePortServer):
     ready_path: ClassVar[str] = "/"
 
     def responds(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}{self.ready_path}", timeout=2) as r:
-                return int(r.status) == 200
-        except urllib.error.HTTPError as e:
-            e.close()
-            return False
-        except (urllib.error.URLError, OSError):
-            return False
+        return services.answers_200(f"{self.url}{self.ready_path}")
 
     def running(self) -> bool:
         return super().running() and self.responds()

@@ -338,6 +338,19 @@ def kafka_libs() -> Path:
     return libs
 
 
+def answers_200(url: str) -> bool:
+    """Whether GET `url` answers 200 now: the readiness probe of the HTTP servers here
+    (the registry, and debezium.py's Debezium Server and Kafka Connect)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return int(r.status) == 200
+    except urllib.error.HTTPError as e:
+        e.close()
+        return False
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def _download(url: str, dest: Path, service: str = "registry") -> None:
     """Fetch `url` into `dest`, checked against the repository's .sha1 file."""
     try:
@@ -704,14 +717,7 @@ class SchemaRegistry(OnePortServer):
         }
 
     def responds(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/subjects", timeout=2) as r:
-                return int(r.status) == 200
-        except urllib.error.HTTPError as e:
-            e.close()
-            return False
-        except (urllib.error.URLError, OSError):
-            return False
+        return answers_200(f"{self.url}/subjects")
 
     def running(self) -> bool:
         return super().running() and self.responds()
