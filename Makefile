@@ -21,7 +21,8 @@ jdbc:
 
 # setup.py and the C source too: `pip install -e` builds the C extension in place, and
 # only a new install rebuilds it after a change
-$(STAMP): pyproject.toml setup.py pg2sink/changelog/_avro_native.c pg2sink/changelog/_rows_native.c
+$(STAMP): pyproject.toml setup.py pg2sink/changelog/_avro_native.c pg2sink/changelog/_rows_native.c \
+		pg2sink/changelog/_native.h
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "setup: $(PYTHON) not found"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

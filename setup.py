@@ -1,8 +1,9 @@
 """The build parts pyproject.toml cannot say: the C extension and the migrations package.
 
 The extensions (pg2sink/changelog/_avro_native.c, the Kafka sink's Avro encoder, and
-_rows_native.c, the changelog's new-row reader) are optional: without a C compiler the build
-skips them and pg2sink runs on the Python path (changelog/_cmodule.py).
+_rows_native.c, the changelog's new-row reader, both including _native.h) are optional:
+without a C compiler the build skips them and pg2sink runs on the Python path
+(changelog/_cmodule.py).
 
 The SQL migrations stay in migrations/ at the top of the repository (yoyo reads that
 directory in a checkout and an editable install); a wheel carries them as the data-only
@@ -20,11 +21,13 @@ setup(
         Extension(
             "pg2sink.changelog._avro_native",
             ["pg2sink/changelog/_avro_native.c"],
+            depends=["pg2sink/changelog/_native.h"],
             optional=True,
         ),
         Extension(
             "pg2sink.changelog._rows_native",
             ["pg2sink/changelog/_rows_native.c"],
+            depends=["pg2sink/changelog/_native.h"],
             optional=True,
         ),
     ],

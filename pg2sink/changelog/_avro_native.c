@@ -36,6 +36,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_native.h"
+
 /* Column kinds; the numbers are avro_native.py's Kind values. */
 enum Kind {
     K_BOOLEAN = 1,     /* boolean: 't' / 'f' */
@@ -107,12 +109,6 @@ put_long(char *p, int64_t n)
 
 /* --- text parsers: each returns 0 and the value, or -1 to decline ------------------- */
 
-static inline int
-is_digit(char c)
-{
-    return c >= '0' && c <= '9';
-}
-
 /* int2/int4/int8out: an optional '-' and digits. */
 static int
 parse_int64(const char *s, Py_ssize_t n, int64_t *out)
@@ -142,19 +138,6 @@ parse_int64(const char *s, Py_ssize_t n, int64_t *out)
         *out = (int64_t)v;
     }
     return 0;
-}
-
-/* n digits at s as a number; -1 if any is not a digit. */
-static inline int
-digits(const char *s, int n)
-{
-    int v = 0;
-    for (int i = 0; i < n; i++) {
-        if (!is_digit(s[i]))
-            return -1;
-        v = v * 10 + (s[i] - '0');
-    }
-    return v;
 }
 
 static int
@@ -837,12 +820,6 @@ operation_bytes(RowEncoder *self, PyObject *op)
     return 0;
 }
 
-static inline uint32_t
-be32(const unsigned char *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
 PyDoc_STRVAR(
     encode_doc,
     "encode(data, commit_time, sequence, lsn, xid, op) -> (key | None, value) | None\n\n"
@@ -1047,17 +1024,5 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__avro_native(void)
 {
-    PyDateTime_IMPORT;
-    if (PyDateTimeAPI == NULL)
-        return NULL;
-    if (PyType_Ready(&RowEncoderType) < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL)
-        return NULL;
-    if (PyModule_AddObjectRef(m, "RowEncoder", (PyObject *)&RowEncoderType) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return module_with_type(&module, &RowEncoderType, "RowEncoder");
 }

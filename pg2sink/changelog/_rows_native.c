@@ -33,6 +33,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_native.h"
+
 /* Column codes; the numbers are pgvalues.NativeCode's. */
 enum Code {
     C_CALL = 0,        /* the converter itself, a Python call; an exception declines */
@@ -63,25 +65,6 @@ static PyObject *fragment_type = NULL;    /* orjson.Fragment */
 static PyObject *fallback_default = NULL; /* jsonenc's Python default */
 static PyObject *unchanged_toast = NULL;  /* logical.messages.UNCHANGED_TOAST */
 static PyObject *minus_zero = NULL;       /* JsonNumber(b'-0.0') */
-
-static inline int
-is_digit(char c)
-{
-    return c >= '0' && c <= '9';
-}
-
-/* n digits at s as an int, or -1 */
-static inline int
-digits(const char *s, int n)
-{
-    int v = 0;
-    for (int i = 0; i < n; i++) {
-        if (!is_digit(s[i]))
-            return -1;
-        v = v * 10 + (s[i] - '0');
-    }
-    return v;
-}
 
 static PyObject *
 new_number(PyObject *text)
@@ -204,12 +187,6 @@ convert(RowReader *self, Py_ssize_t i, const char *s, Py_ssize_t n)
     if (v == NULL && PyErr_ExceptionMatches(PyExc_Exception))
         PyErr_Clear(); /* as the Python reader's `except Exception: return None` */
     return v;
-}
-
-static inline uint32_t
-be32(const unsigned char *p)
-{
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
 static PyObject *
@@ -470,17 +447,5 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__rows_native(void)
 {
-    PyDateTime_IMPORT;
-    if (PyDateTimeAPI == NULL)
-        return NULL;
-    if (PyType_Ready(&RowReaderType) < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL)
-        return NULL;
-    if (PyModule_AddObjectRef(m, "RowReader", (PyObject *)&RowReaderType) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return module_with_type(&module, &RowReaderType, "RowReader");
 }
