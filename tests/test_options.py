@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +39,7 @@ SAMPLES: dict[str, list[str]] = {
     "kinesis_create_stream": ["2"],
     "format": ["debezium"],  # the one --debezium-schemas goes with
     "nats_duplicate_window": ["10m"],
+    "nats_config": [str(Path(__file__).parent / "sinks" / "nats-context.json")],
     "wal_retain": ["1h"],
     "only": ["public.a=insert", "b=update,delete"],
     "exclude_columns": ["public.a.x", "b.y"],
