@@ -7,6 +7,7 @@ The certificates are made with openssl in the test's directory: a CA, the server
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import services
 
 from pg2sink.errors import SinkError
 from pg2sink.sinks.nats.config import NatsConfig
+from pg2sink.sinks.nats.context import NatsContext
 from tests.conftest import run_cli
 from tests.sinks.test_nats import NO_SERVER, change, opened, table_schema
 
@@ -137,3 +139,29 @@ def test_a_wrong_password_over_mutual_tls_is_one_line_exit_2(
     assert f"cannot connect to NATS at {server.url}: " in res.stderr
     assert "authorization violation" in res.stderr.lower()
     assert wrong not in res.stderr + res.stdout and PASSWORD not in res.stderr
+
+
+def test_a_context_file_gives_the_tls_files_and_the_login(
+    tls_nats: tuple[TlsNats, Certs], topic_prefix: str, tmp_path: Path
+) -> None:
+    server, certs = tls_nats
+    path = tmp_path / "ctx.json"
+    path.write_text(
+        json.dumps(
+            {
+                "url": server.url,
+                "user": "me",
+                "password": PASSWORD,
+                "ca": str(certs.ca),
+                "cert": str(certs.client),
+                "key": str(certs.client_key),
+                "nkey": "",
+                "tls_first": False,
+            }
+        )
+    )
+    cfg = NatsConfig(nats_config=NatsContext.load(str(path)), nats_subject_prefix=topic_prefix)
+    with opened(cfg) as sink:
+        sink.write(table_schema("t"))
+        sink.checkpoint(20)
+        assert sink.flush() == 20  # acknowledged over mutual TLS, logged in from the file

@@ -10,6 +10,9 @@ from urllib.parse import urlsplit
 from pg2sink.errors import ConfigError
 from pg2sink.formats.config import Formatting
 from pg2sink.options import duration, flag
+from pg2sink.sinks.nats.context import NatsContext, url_secrets
+
+__all__ = ["DEFAULT_URL", "NatsConfig", "shown_url", "subject_problem", "url_secrets"]
 
 GROUP = "nats sink (--sink=nats)"
 
@@ -18,22 +21,45 @@ _NOT_IN_TOKEN = re.compile(r"[.*>\s]")
 #: what JetStream refuses in a stream name (it names a directory of the server's store)
 _NOT_IN_STREAM = re.compile(r"[.*>\s/\\]")
 
+DEFAULT_URL = "nats://127.0.0.1:4222"
+#: settings given together: a flag of one group leaves the file's whole group out, so a
+#: --nats-token never meets the file's user (the token would be refused beside it)
+_GROUPS = (
+    ("nats_creds", "nats_user", "nats_password", "nats_token"),
+    ("nats_tls_cert", "nats_tls_key"),
+    ("nats_tls_ca",),
+    ("nats_url",),
+)
+
 
 @dataclass(frozen=True)
 class NatsConfig:
     """What `--sink=nats` needs (docs/sinks/nats.md). A field's `help` documents it; a
     docstring under a field says what the code needs beyond it."""
 
-    nats_url: str = flag(
-        "nats://127.0.0.1:4222",
+    nats_config: NatsContext | None = flag(  # noqa: RUF009 (flag() is dataclasses.field())
+        None,
         group=GROUP,
-        help="NATS server(s), nats://[user:password@]host:port[,nats://...]; tls:// for TLS",
+        help="a nats CLI context file (~/.config/nats/context/NAME.json) to take the URL, "
+        "credentials and TLS files from; the flags given override it",
+        metavar="FILE",
+        build=lambda path, name: NatsContext.load(path, name),
+        repr=False,
+    )
+    """Merged into the fields below by __post_init__; its secrets are registered for
+    redaction as it is built (options.build)."""
+    nats_url: str = flag(
+        "",
+        group=GROUP,
+        help="NATS server(s), nats://[user:password@]host:port[,nats://...]; tls:// for TLS; "
+        f"default: --nats-config's url, else {DEFAULT_URL}",
         metavar="URL",
         parse=str.strip,
         secret=True,
         repr=False,
     )
-    """May hold a password or a token in its user info, hence not in repr."""
+    """May hold a password or a token in its user info, hence not in repr. Never empty
+    after __post_init__ ("": not given)."""
     nats_subject_prefix: str = flag(
         "pg2sink",
         group=GROUP,
@@ -109,6 +135,18 @@ class NatsConfig:
     formatting: Formatting = field(default_factory=Formatting)
     """What the format's encoder needs beyond its name (set by the CLI)."""
 
+    def __post_init__(self) -> None:
+        # the flags given win, group by group (_GROUPS); frozen, hence object.__setattr__.
+        # Idempotent: dataclasses.replace() runs it again on filled fields.
+        given = self.nats_config.settings() if self.nats_config else {}
+        for group in _GROUPS:
+            if all(getattr(self, f) in (None, "") for f in group):
+                for f in group:
+                    if f in given:
+                        object.__setattr__(self, f, given[f])
+        if not self.nats_url:
+            object.__setattr__(self, "nats_url", DEFAULT_URL)
+
     @property
     def stream(self) -> str:
         """The stream's name: --nats-stream, else the prefix with '.' as '_'."""
@@ -157,18 +195,6 @@ def subject_problem(subject: str) -> str | None:
     if not subject or any(not t or _NOT_IN_TOKEN.search(t) for t in subject.split(".")):
         return "dot-separated tokens without spaces, '*' or '>'"
     return None
-
-
-def url_secrets(url: str) -> list[str]:
-    """The secrets of a NATS URL's user info: the password of user:password, or the
-    token of token@host (a user info without a colon is a token to NATS)."""
-    info, at, _ = urlsplit(url).netloc.rpartition("@")
-    if not at or not info:
-        return []
-    user, colon, password = info.partition(":")
-    if colon:
-        return [password] if password else []
-    return [user]
 
 
 def shown_url(url: str) -> str:
