@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from pg2sink.sinks.duckdb.layout import Layout, evolve, new_layout
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 __all__ = [
     "DuckDBImportTarget",
@@ -39,6 +40,11 @@ __all__ = [
     "unfinished_files",
 ]
 
+#: Rows per row group of a staged file (DuckDB's own row group size): fewer, larger
+#: groups cost less to write and let DuckDB load them in parallel.
+ROW_GROUP_ROWS = 122_880
+#: The columns written with a dictionary: the same value in every row of an import.
+DICTIONARY = ("_pg2sink_timestamp", "_pg2sink_lsn", "_pg2sink_xid", "_pg2sink_operation")
 #: the Parquet metadata keys of a staged file
 SCHEMA_KEY, LAYOUT_KEY = b"pg2sink.schema", b"pg2sink.layout"
 
@@ -51,7 +57,7 @@ def staging_dir(path: str) -> str:
 def staged_files(path: str) -> list[str]:
     """The staged files ready to load (whole: renamed after their fsync), by snapshot
     (an older attempt's first) and then by age."""
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq
 
     files = _files(path, ".parquet")
 
@@ -136,33 +142,32 @@ class DuckDBImportTarget:
         return _stage(self.path, table, batches)
 
 
-def _stage(path: str, table: ImportTable, batches: Iterator[pa.RecordBatch]) -> int:
+def _stage(
+    path: str, table: ImportTable, batches: Iterator[pa.RecordBatch], *, vectorised: bool = True
+) -> int:
     """One partition's rows as a staged Parquet file; the number of rows (durable on
-    return)."""
-    import pyarrow.parquet as pq
-
-    from pg2sink.sinks.duckdb.values import arrow_batch
+    return). `vectorised`: the raw columns built by Arrow kernels (import_columns.py);
+    False: every batch through the reference path (the stream's decoders, values.py)."""
 
     layout = staging_layout(table.schema)
-    decoder = BatchDecoder(table, json_values=False)
+    convert = _converter(layout, table, vectorised)
     metadata = {SCHEMA_KEY: _schema_json(table.schema), LAYOUT_KEY: orjson.dumps(layout.to_json())}
     final = os.path.join(staging_dir(path), f"{uuid.uuid4().hex}.parquet")
     temporary = final + ".tmp"
     writer: pq.ParquetWriter | None = None
-    rows = 0
+    pending: list[pa.Table] = []
+    rows = written = 0
     try:
         for batch in batches:
             if not batch.num_rows:
                 continue
-            changes = [
-                (rows + i, table.modification(rows + i, row))
-                for i, row in enumerate(decoder.rows(batch))
-            ]
-            data = arrow_batch(layout, changes, [None] * len(changes))
-            if writer is None:
-                writer = pq.ParquetWriter(temporary, data.schema.with_metadata(metadata))
-            writer.write_table(data)
-            rows += len(changes)
+            pending.append(convert(batch, rows))
+            rows += batch.num_rows
+            if rows - written >= ROW_GROUP_ROWS:
+                writer = _write(writer, temporary, metadata, pending)
+                written = rows
+        if pending:
+            writer = _write(writer, temporary, metadata, pending)
         if writer is None:
             return 0
         writer.close()
@@ -174,6 +179,51 @@ def _stage(path: str, table: ImportTable, batches: Iterator[pa.RecordBatch]) -> 
         if writer is not None:
             writer.close()
     return rows
+
+
+def _write(
+    writer: pq.ParquetWriter | None,
+    path: str,
+    metadata: dict[bytes, bytes],
+    tables: list[pa.Table],
+) -> pq.ParquetWriter:
+    """`tables` as one row group of the file at `path` (the writer, opened with the
+    first); `tables` is emptied."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    tables.clear()
+    if writer is None:
+        # no dictionaries but for the columns that hold one value per import (measured:
+        # dictionary pages cost more to write than the values, and the file is larger)
+        writer = pq.ParquetWriter(
+            path, data.schema.with_metadata(metadata), use_dictionary=list(DICTIONARY)
+        )
+    writer.write_table(data, row_group_size=len(data))
+    return writer
+
+
+def _converter(
+    layout: Layout, table: ImportTable, vectorised: bool
+) -> Callable[[pa.RecordBatch, int], pa.Table]:
+    """(batch, number of its first row) -> its raw rows as an Arrow table."""
+    if vectorised:
+        from pg2sink.sinks.duckdb.import_columns import StagedColumns
+
+        return StagedColumns(layout, table).table_of
+    from pg2sink.sinks.duckdb.values import arrow_batch
+
+    decoder = BatchDecoder(table, json_values=False)
+
+    def reference(batch: pa.RecordBatch, start: int) -> pa.Table:
+        changes = [
+            (start + i, table.modification(start + i, row))
+            for i, row in enumerate(decoder.rows(batch))
+        ]
+        return arrow_batch(layout, changes, [None] * len(changes))
+
+    return reference
 
 
 def _durable_rename(temporary: str, final: str) -> None:
