@@ -6,7 +6,10 @@ https://www.postgresql.org/docs/15/logical-replication-col-lists.html). A list i
 fixed, so pg2sink's event trigger (migration 0004, `extend_column_lists`) resets it in
 the transaction of every ALTER TABLE of such a member, from the patterns stored here as
 PostgreSQL regular expressions: a column added is in the changes right after the ADD
-COLUMN, an excluded one never.
+COLUMN, an excluded one never. A listed column is a dependency PostgreSQL refuses to drop
+without CASCADE; a second trigger (migration 0005, `unlist_before_drop`, at the start of
+an ALTER TABLE ... DROP of such a member) takes the member out of the publication, and
+the first puts it back with its new list at the end of the same statement.
 
 Where PostgreSQL refuses a list, or the trigger cannot exist, the table is published
 whole and the routing stage drops the excluded values on arrival (as before); which
@@ -36,6 +39,12 @@ log = logging.getLogger(__name__)
 
 #: ALTER TABLE of a listed member runs migration 0004's function in its transaction
 TRIGGER_SUFFIX = "_column_lists"
+#: (name suffix, event, function): the event triggers that keep the lists
+TRIGGERS = (
+    (TRIGGER_SUFFIX, "ddl_command_end", "extend_column_lists"),
+    # before an ALTER TABLE ... DROP: the member leaves the publication (migration 0005)
+    ("_column_drops", "ddl_command_start", "unlist_before_drop"),
+)
 
 
 class ColumnRule(Protocol):
@@ -144,24 +153,25 @@ class ColumnLists:
         return self._failure
 
     def _ensure_trigger(self, conn: psycopg.Connection[TupleRow]) -> str | None:
-        name = self.internal_schema + TRIGGER_SUFFIX
-        found = conn.execute("SELECT 1 FROM pg_event_trigger WHERE evtname = %s", (name,))
-        if found.fetchone() is not None:
-            return None
-        try:
-            with conn.transaction():  # a savepoint: the reconcile goes on without it
-                conn.execute(
-                    sql.SQL(
-                        "CREATE EVENT TRIGGER {} ON ddl_command_end WHEN TAG IN ('ALTER TABLE')"
-                        " EXECUTE FUNCTION {}()"
-                    ).format(sql.Identifier(name), self._internal("extend_column_lists"))
+        for suffix, event, function in TRIGGERS:
+            name = self.internal_schema + suffix
+            found = conn.execute("SELECT 1 FROM pg_event_trigger WHERE evtname = %s", (name,))
+            if found.fetchone() is not None:
+                continue
+            try:
+                with conn.transaction():  # a savepoint: the reconcile goes on without it
+                    conn.execute(
+                        sql.SQL(
+                            "CREATE EVENT TRIGGER {} ON {} WHEN TAG IN ('ALTER TABLE')"
+                            " EXECUTE FUNCTION {}()"
+                        ).format(sql.Identifier(name), sql.SQL(event), self._internal(function))
+                    )
+            except psycopg.errors.InsufficientPrivilege:
+                return (
+                    "creating the event trigger that extends a column list at ADD COLUMN "
+                    "needs a superuser"
                 )
-        except psycopg.errors.InsufficientPrivilege:
-            return (
-                "creating the event trigger that extends a column list at ADD COLUMN "
-                "needs a superuser"
-            )
-        log.info("event trigger %s keeps the column lists of excluded columns", name)
+            log.info("event trigger %s keeps the column lists of excluded columns", name)
         return None
 
     def sync(

@@ -27,6 +27,7 @@ def test_apply_creates_the_schema_once(db: Database, pg_conn: psycopg.Connection
         "0002.capture-ddl",
         "0003.ddl-capture-users",
         "0004.column-lists",
+        "0005.column-list-drops",
     ]
     assert {"import_jobs", "import_partitions", "_yoyo_migration"} <= _tables(pg_conn, "pg2sink")
     # nothing of it in public: the search_path was the internal schema only
@@ -43,11 +44,12 @@ def test_a_non_default_schema_name_with_odd_characters(
         "0002.capture-ddl",
         "0003.ddl-capture-users",
         "0004.column-lists",
+        "0005.column-list-drops",
     ]
     assert {"import_jobs", "import_partitions"} <= _tables(pg_conn, name)
     assert "import_jobs" not in _tables(pg_conn, "pg2sink")
     # a second deployment in the same database has its own, independent schema
-    assert len(apply_migrations(SecretDsn(db.dsn), "pg2sink")) == 4
+    assert len(apply_migrations(SecretDsn(db.dsn), "pg2sink")) == 5
     pg_conn.execute(
         sql.SQL(
             "INSERT INTO {} (publication, schema_name, table_name) VALUES ('p', 's', 't')"
@@ -76,8 +78,8 @@ def test_pg2sink_migrate_command(db: Database, pg_conn: psycopg.Connection[Tuple
     first = run_cli("migrate", "--internal-schema", "pg2sink_ops", env=env)
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() == (
-        "applied 4 migration(s) to schema pg2sink_ops: "
-        "0001.import-jobs, 0002.capture-ddl, 0003.ddl-capture-users, 0004.column-lists"
+        "applied 5 migration(s) to schema pg2sink_ops: 0001.import-jobs, 0002.capture-ddl, "
+        "0003.ddl-capture-users, 0004.column-lists, 0005.column-list-drops"
     )
     again = run_cli("migrate", env={**env, "PG2SINK_INTERNAL_SCHEMA": "pg2sink_ops"})
     assert again.returncode == 0, again.stderr

@@ -3,7 +3,9 @@
 What pgoutput sends is read raw (pg_logical_slot_peek_binary_changes on a slot of the
 test's own): the excluded values' bytes are not in it, for INSERT and UPDATE, and for
 an INSERT in the transaction of an ADD COLUMN (pg2sink's event trigger extends the list
-before it). Where PostgreSQL refuses a list the table is published whole and one line
+before it) or of a DROP COLUMN of a listed column (no CASCADE needed: the triggers take
+the member out and put it back within the statement), with a writer committing
+meanwhile. Where PostgreSQL refuses a list the table is published whole and one line
 says so.
 """
 
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import re
+import struct
+import threading
 import time
 
 import psycopg
@@ -98,19 +102,120 @@ def test_excluded_values_never_reach_pgoutput(
     assert b"pw2-3" not in raw and _listed(conn, db)["users"] == ["id", "name"]
 
 
-def test_drop_column_cascade_keeps_the_table_published(
+def test_drop_column_needs_no_cascade(conn: psycopg.Connection[TupleRow], db: Database) -> None:
+    conn.execute("CREATE TABLE users (id int PRIMARY KEY, name text, note text, password text)")
+    conn.execute("ALTER TABLE users ADD COLUMN a text, ADD COLUMN b text, ADD COLUMN c text")
+    _manager(conn, db, "users.password").reconcile()
+    # PostgreSQL 15 refuses to drop a listed column without CASCADE (the member depends
+    # on it): migration 0005's trigger takes the member out first, 0004's puts it back
+    conn.execute("ALTER TABLE users DROP COLUMN note")
+    assert _listed(conn, db) == {"users": ["id", "name", "a", "b", "c"]}
+    conn.execute("ALTER TABLE users DROP COLUMN a CASCADE")  # still accepted
+    conn.execute("ALTER TABLE users DROP COLUMN password")  # unlisted
+    assert _listed(conn, db) == {"users": ["id", "name", "b", "c"]}
+    # names as the ALTER resolves them: quoted, qualified, the caller's search_path, and
+    # any statement of a string of several
+    conn.execute("SET search_path = pg_catalog, public")
+    conn.execute(
+        'SELECT 1; ALTER TABLE IF EXISTS ONLY public . "users" DROP b; ALTER TABLE users DROP c'
+    )
+    assert _listed(conn, db) == {"users": ["id", "name"]}
+    assert conn.execute("SHOW search_path").fetchone() == ("pg_catalog, public",)
+    # a DO block's text shows its statements; a function's do not (CASCADE, documented)
+    conn.execute("ALTER TABLE users ADD d text, ADD e text")
+    conn.execute("DO $$ BEGIN ALTER TABLE users DROP COLUMN d; END $$")
+    conn.execute(
+        "CREATE FUNCTION public.drop_e() RETURNS void LANGUAGE plpgsql"
+        " AS 'BEGIN ALTER TABLE users DROP COLUMN e; END'"
+    )
+    with pytest.raises(psycopg.errors.DependentObjectsStillExist):
+        conn.execute("SELECT public.drop_e()")
+    assert _listed(conn, db) == {"users": ["id", "name", "e"]}
+
+
+def _text(value: str) -> bytes:
+    """A text column's bytes in a pgoutput tuple: 't', the length, the value."""
+    return b"t" + struct.pack(">i", len(value)) + value.encode()
+
+
+def test_drop_column_streams_on_without_the_excluded_values(
     conn: psycopg.Connection[TupleRow], db: Database
 ) -> None:
-    conn.execute("CREATE TABLE users (id int PRIMARY KEY, name text, note text, password text)")
+    conn.execute(
+        "CREATE TABLE users (id int PRIMARY KEY, name text, note text, extra text, password text)"
+    )
     _manager(conn, db, "users.password").reconcile()
-    # PostgreSQL 15 refuses to drop a listed column without CASCADE, which takes the
-    # table out of the publication: the trigger puts it back in the same transaction
-    with pytest.raises(psycopg.errors.DependentObjectsStillExist):
+    conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (db.slot,))
+    conn.execute("INSERT INTO users VALUES (1, 'before-1', 'note-1', 'extra-1', 'pw-1')")
+    with conn.transaction():  # changes in the DROP's transaction, before and after it
+        conn.execute("INSERT INTO users VALUES (2, 'before-2', 'note-2', 'extra-2', 'pw-2')")
         conn.execute("ALTER TABLE users DROP COLUMN note")
-    conn.execute("ALTER TABLE users DROP COLUMN note CASCADE")
+        conn.execute("INSERT INTO users VALUES (3, 'after-3', 'extra-3', 'pw-3')")
+    # a writer commits all along while a column is dropped: it waits for the DROP's lock,
+    # neither deadlocks nor loses a change
+    stop, written = threading.Event(), []
+
+    def write() -> None:
+        with psycopg.connect(db.dsn, autocommit=True) as w:
+            for i in range(100, 100_000):
+                if stop.is_set():
+                    return
+                w.execute(
+                    "INSERT INTO users (id, name, password) VALUES (%s, %s, %s)",
+                    (i, f"w-{i}", f"pw-w-{i}"),
+                )
+                written.append(i)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        time.sleep(0.3)
+        conn.execute("ALTER TABLE users DROP COLUMN extra")
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        writer.join()
+    conn.execute("INSERT INTO users VALUES (4, 'after-4', 'pw-4')")
+    assert len(written) > 10
+    raw = _peek(conn, db)
+    shown = ["before-1", "note-1", "before-2", "after-3", "extra-3", "after-4"]
+    for value in shown + [f"w-{i}" for i in written]:
+        assert _text(value) in raw, value
+    assert b"pw-" not in raw and b"password" not in raw
     assert _listed(conn, db) == {"users": ["id", "name"]}
-    conn.execute("ALTER TABLE users DROP COLUMN password")  # unlisted: no CASCADE needed
-    assert _listed(conn, db) == {"users": ["id", "name"]}
+
+
+def test_the_trigger_locks_only_tables_the_role_may_alter(
+    conn: psycopg.Connection[TupleRow], db: Database
+) -> None:
+    """The trigger runs with its owner's rights: a table named in the text of another
+    role's ALTER TABLE is neither locked nor taken out of the publication."""
+    role = f"r_{db.name}"
+    conn.execute("CREATE TABLE users (id int PRIMARY KEY, note text, password text)")
+    _manager(conn, db, "users.password").reconcile()
+    conn.execute(f'CREATE ROLE "{role}"')
+    try:
+        conn.execute(f'GRANT CREATE ON SCHEMA public TO "{role}"')
+        conn.execute(f'SET ROLE "{role}"')
+        conn.execute("CREATE TABLE mine (id int, x int)")
+        locks = (
+            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()"
+            " AND relation = 'users'::regclass AND mode = 'AccessExclusiveLock'"
+        )
+        with conn.transaction():
+            conn.execute("ALTER TABLE mine DROP x; SELECT 'ALTER TABLE users DROP note'")
+            assert conn.execute(locks).fetchone() == (0,)
+            assert _listed(conn, db) == {"users": ["id", "note"]}
+        conn.execute("RESET ROLE")
+        with conn.transaction():  # the owner's (a superuser's) same text: locked
+            conn.execute("ALTER TABLE mine ADD y int; SELECT 'ALTER TABLE users DROP note'")
+            assert conn.execute(locks).fetchone() == (1,)
+        assert _listed(conn, db) == {"users": ["id", "note"]}
+    finally:
+        conn.execute("RESET ROLE")
+        conn.execute("DROP TABLE IF EXISTS mine")
+        conn.execute(f'DROP OWNED BY "{role}"')
+        conn.execute(f'DROP ROLE "{role}"')
 
 
 def test_refused_lists_fall_back_and_say_so(
