@@ -185,6 +185,72 @@ def test_drop_column_streams_on_without_the_excluded_values(
     assert _listed(conn, db) == {"users": ["id", "name"]}
 
 
+def test_no_deadlock_with_a_writer_that_then_locks_the_table(
+    conn: psycopg.Connection[TupleRow], db: Database
+) -> None:
+    """A transaction that wrote to the table, then asks for a stronger lock while the DROP
+    waits for it: PostgreSQL lets it go first, as without the trigger. (With ALTER
+    PUBLICATION's lock taken before the DROP's, this was a deadlock: one of the two
+    failed with "deadlock detected".)"""
+    conn.execute("CREATE TABLE users (id int PRIMARY KEY, name text, note text, password text)")
+    _manager(conn, db, "users.password").reconcile()
+    failures: list[BaseException] = []
+
+    def drop() -> None:
+        try:
+            with psycopg.connect(db.dsn, autocommit=True) as other:
+                other.execute("ALTER TABLE users DROP COLUMN note")
+        except psycopg.Error as e:
+            failures.append(e)
+
+    with psycopg.connect(db.dsn) as writer:
+        writer.execute("INSERT INTO users VALUES (1, 'a', 'b', 'c')")
+        dropping = threading.Thread(target=drop)
+        dropping.start()
+        wait = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'users'::regclass"
+        deadline = time.monotonic() + 10
+        while conn.execute(wait).fetchone() != (1,) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert conn.execute(wait).fetchone() == (1,)  # the DROP waits for the writer
+        writer.execute("CREATE INDEX ON users (name)")  # a SHARE lock, after the DROP's
+        writer.commit()
+        dropping.join()
+    assert not failures
+    assert _listed(conn, db) == {"users": ["id", "name"]}
+
+
+def test_the_caller_search_path_runs_nothing_of_its_schemas(
+    conn: psycopg.Connection[TupleRow], db: Database
+) -> None:
+    """The trigger reads the statement's names under the caller's search_path with its
+    owner's rights: functions and operators of the caller's schemas must not run."""
+    conn.execute("CREATE TABLE users (id int PRIMARY KEY, note text, password text)")
+    _manager(conn, db, "users.password").reconcile()
+    conn.execute("CREATE SCHEMA evil")
+    conn.execute("CREATE TABLE evil.called (what text)")
+    for name, args in (
+        ("current_query", ""),
+        ("current_setting", "a text"),
+        ("to_regclass", "a text"),
+        ("regexp_matches", "a text, b text, c text"),
+        ("set_config", "a text, b text, c boolean"),
+    ):
+        conn.execute(
+            f"CREATE FUNCTION evil.{name}({args}) RETURNS text LANGUAGE sql"
+            f" AS $$ INSERT INTO evil.called VALUES ('{name}') RETURNING 'x' $$"
+        )
+    conn.execute(
+        "CREATE FUNCTION evil.match(a text, b text) RETURNS boolean LANGUAGE sql"
+        " AS $$ INSERT INTO evil.called VALUES ('~*') RETURNING true $$"
+    )
+    conn.execute("CREATE OPERATOR evil.~* (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.match)")
+    conn.execute("SET search_path = evil, pg_catalog, public")
+    conn.execute("ALTER TABLE public.users DROP COLUMN note")
+    conn.execute("RESET search_path")
+    assert conn.execute("SELECT count(*) FROM evil.called").fetchone() == (0,)
+    assert _listed(conn, db) == {"users": ["id"]}
+
+
 def test_the_trigger_locks_only_tables_the_role_may_alter(
     conn: psycopg.Connection[TupleRow], db: Database
 ) -> None:
