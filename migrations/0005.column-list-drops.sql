@@ -150,7 +150,8 @@ BEGIN
         EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I%s', r.publication, r.nspname,
                        r.relname, CASE WHEN cols = '' THEN '' ELSE ' (' || cols || ')' END);
     END LOOP;
-    PERFORM set_config('pg2sink.unlisted', '', true);
+    -- pg2sink.unlisted is left as it is (it ends with the transaction): another internal
+    -- schema's trigger, later in this statement, may still need its tables from it
     PERFORM set_config('pg2sink.column_lists', '', true);
 END
 $$;

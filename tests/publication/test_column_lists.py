@@ -284,6 +284,40 @@ def test_the_trigger_locks_only_tables_the_role_may_alter(
         conn.execute(f'DROP ROLE "{role}"')
 
 
+def test_two_internal_schemas_each_put_their_table_back(
+    conn: psycopg.Connection[TupleRow], db: Database
+) -> None:
+    """Two pg2sink deployments in one database, each with its triggers and publication:
+    a table the text names but the statement does not alter is taken out by both at its
+    start and must be back in both at its end."""
+    apply_migrations(SecretDsn(db.dsn), "other")
+    conn.execute("CREATE TABLE users (id int PRIMARY KEY, note text, password text)")
+    conn.execute("CREATE TABLE mine (id int)")
+    _manager(conn, db, "users.password").reconcile()
+    second = f"{db.publication}_b"
+    PublicationManager(
+        conn,
+        second,
+        ("public",),
+        TableFilter(),
+        "other",
+        exclusions=compile_rules(exclude_columns=("users.password",)).excluded,
+    ).reconcile()
+    try:
+        conn.execute("ALTER TABLE mine ADD y int; SELECT 'ALTER TABLE users DROP note'")
+        rows = conn.execute(
+            "SELECT pubname, attnames FROM pg_publication_tables WHERE tablename = 'users'"
+        ).fetchall()
+        assert sorted((r[0], list(r[1])) for r in rows) == [
+            (db.publication, ["id", "note"]),
+            (second, ["id", "note"]),
+        ]
+    finally:
+        conn.execute("DROP EVENT TRIGGER other_column_lists")
+        conn.execute("DROP EVENT TRIGGER other_column_drops")
+        conn.execute(f'DROP PUBLICATION "{second}"')
+
+
 def test_refused_lists_fall_back_and_say_so(
     conn: psycopg.Connection[TupleRow], db: Database, caplog: pytest.LogCaptureFixture
 ) -> None:
