@@ -15,6 +15,7 @@ from google.cloud import bigquery
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.pgvalues import PgText
 from pg2sink.changelog.records import Modification, Schema
+from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.bigquery.schema import bigquery_type, quote
 from pg2sink.sinks.duckdb.layout import OPERATION, POSITION, Layout
 from pg2sink.sinks.duckdb.toast import Toast
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["BigQueryToast", "missing_values", "state_rows", "table_rows"]
 
 TEXT = "_pg2sink_text"
+#: keys per query job reading the previous rows of unchanged TOASTed values
+PREFETCH_KEYS = 500
 
 
 def table_rows(
@@ -101,38 +104,82 @@ def missing_values(schema: Schema) -> dict[str, str]:
 
 class BigQueryToast(Toast):
     """The DuckDB sink's Toast (fills unchanged TOASTed values from the key's previous
-    row), the previous row read from the BigQuery raw table."""
+    row), the previous rows read from the BigQuery raw table: those of every key a batch
+    needs in one query job (a job per key would take a second each on BigQuery)."""
 
     def __init__(self, warehouse: Warehouse, layout: Layout) -> None:
         self.warehouse = warehouse
         self.layout = layout
         self.keys = [c.column for c in layout.key_columns()]
+        self._fetched: dict[tuple[object, ...], dict[str, object]] = {}
+
+    def fill(
+        self, rows: list[tuple[int, Modification]]
+    ) -> tuple[list[tuple[int, Modification]], list[list[str] | None]]:
+        """Toast.fill, the stored rows of the keys it may look up read first."""
+        wanted: set[tuple[object, ...]] = set()
+        for _, m in rows:
+            if m.after is not None and any(v is UNCHANGED_TOAST for v in m.after.values()):
+                source = m.before if m.before and self._has_key(m.before) else m.after
+                key = self._key(source)
+                if all(v is not None and not isinstance(v, PgText) for v in key):
+                    wanted.add(key)
+        keys = sorted(wanted, key=repr)
+        for i in range(0, len(keys), PREFETCH_KEYS):
+            self._prefetch(keys[i : i + PREFETCH_KEYS])
+        return super().fill(rows)
+
+    def _select(self, where: str) -> str:
+        """The last INSERT/UPDATE/IMPORT row since the last TRUNCATE of each key `where`
+        selects."""
+        layout = self.layout
+        raw = quote(f"{self.warehouse.dataset}.{layout.raw}")
+        columns = ", ".join(quote(c.raw) for c in layout.live())
+        partition = ", ".join(quote(c.raw) for c in layout.key_columns())
+        return (
+            f"SELECT TO_JSON_STRING({TEXT}), {columns} FROM {raw} "
+            f"WHERE {OPERATION} IN ('INSERT', 'UPDATE', 'IMPORT') AND ({where}) "
+            f"AND {POSITION} > COALESCE((SELECT MAX({POSITION}) FROM {raw} "
+            f"WHERE {OPERATION} = 'TRUNCATE'), -1) "
+            f"QUALIFY ROW_NUMBER() OVER (PARTITION BY {partition} ORDER BY {POSITION} DESC) = 1"
+        )
+
+    def _where(self, keys: Sequence[tuple[object, ...]]) -> tuple[str, list[Any]]:
+        """A condition selecting `keys`, and its query parameters."""
+        params = []
+        ors = []
+        for n, key in enumerate(keys):
+            ands = []
+            for i, (c, value) in enumerate(zip(self.layout.key_columns(), key, strict=True)):
+                field = bigquery_type(c.raw, c.type)
+                params.append(bigquery.ScalarQueryParameter(f"k{n}_{i}", field.type, _param(value)))
+                ands.append(f"{quote(c.raw)} = @k{n}_{i}")
+            ors.append(" AND ".join(ands))
+        return " OR ".join(f"({a})" for a in ors), params
+
+    def _prefetch(self, keys: Sequence[tuple[object, ...]]) -> None:
+        """The stored rows of `keys`, by the key values read back (a key whose values
+        read back differently is looked up alone by `_stored_row`)."""
+        where, params = self._where(keys)
+        live = self.layout.live()
+        at = [live.index(c) for c in self.layout.key_columns()]
+        for row in self.warehouse.query(self._select(where), params):
+            values = self._values(row)
+            self._fetched[tuple(list(values.values())[i] for i in at)] = values
 
     def _stored_row(self, key: tuple[object, ...]) -> dict[str, object] | None:
         """The key's last INSERT/UPDATE/IMPORT row since the last TRUNCATE."""
-        layout = self.layout
-        live = layout.live()
-        raw = quote(f"{self.warehouse.dataset}.{layout.raw}")
-        params = []
-        where = []
-        for i, (c, value) in enumerate(zip(layout.key_columns(), key, strict=True)):
-            field = bigquery_type(c.raw, c.type)
-            params.append(bigquery.ScalarQueryParameter(f"k{i}", field.type, _param(value)))
-            where.append(f"{quote(c.raw)} = @k{i}")
-        columns = ", ".join(quote(c.raw) for c in live)
-        found = self.warehouse.query(
-            f"SELECT TO_JSON_STRING({TEXT}), {columns} FROM {raw} "
-            f"WHERE {OPERATION} IN ('INSERT', 'UPDATE', 'IMPORT') AND {' AND '.join(where)} "
-            f"AND {POSITION} > COALESCE((SELECT MAX({POSITION}) FROM {raw} "
-            f"WHERE {OPERATION} = 'TRUNCATE'), -1) ORDER BY {POSITION} DESC LIMIT 1",
-            params,
-        )
-        if not found:
-            return None
-        row = found[0]
+        if key in self._fetched:
+            return self._fetched[key]
+        where, params = self._where([key])
+        found = self.warehouse.query(self._select(where), params)
+        return self._values(found[0]) if found else None
+
+    def _values(self, row: Any) -> dict[str, object]:
+        """A raw row's values as the stream gives them (PostgreSQL's text as PgText)."""
         texts: dict[str, str] = orjson.loads(row[0]) if row[0] not in (None, "null") else {}
         values: dict[str, object] = {}
-        for c, value in zip(live, list(row)[1:], strict=True):
+        for c, value in zip(self.layout.live(), list(row)[1:], strict=True):
             text = texts.get(c.column)
             values[c.column] = PgText(text) if text is not None else value
         return values
