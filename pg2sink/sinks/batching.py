@@ -1,7 +1,7 @@
 """Transactions held until their checkpoint, gathered into batches and committed by one
 background thread: the Sink protocol's write/checkpoint/start_flush/flush/acknowledged for
-a sink whose commit is one call (the BigQuery sink's load jobs; the DuckDB sink's
-transactions follow the same rules).
+a warehouse sink whose commit is one call (the BigQuery sink's load jobs, the DuckDB
+sink's transactions).
 
 A transaction's records are held until `checkpoint(lsn)` (its commit's end LSN), then join
 the batch, unless the sink has it already (`stored`: the LSN the sink's own state holds,
@@ -10,33 +10,69 @@ and is dropped whole). `start_flush()` hands the batch to the background thread,
 calls `commit(records, lsn)`; `acknowledged()` is the LSN of the last commit that
 returned, so PostgreSQL is never told of a change the sink does not hold. A commit's
 SinkError fails the sink: every later call raises it.
+
+Chunks (a sink that gives `Chunks`): a transaction of `chunk_records` records is not held
+whole. The batch before it is committed first; then its records go to `Chunks.write_chunk` a
+chunk at a time on the background thread (one chunk written while the next is held),
+and its checkpoint's `commit` ends it. The sink keeps those chunks apart from what it
+confirms (the DuckDB sink fences them off by position) until that commit, and
+`Chunks.drop_chunks` removes them: when the transaction starts again (a reconnect replays it),
+turns out to be one the sink has, or the sink closes before its commit.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 from pg2sink.changelog.records import Message, Modification, Record, Schema
 from pg2sink.errors import SinkError
+from pg2sink.logical.lsn import format_lsn
 
-__all__ = ["BackgroundCommits"]
+__all__ = ["RECORD_BYTES", "BackgroundCommits", "Chunks"]
+
+log = logging.getLogger(__name__)
 
 #: pending_bytes' estimate of a record held in memory
 RECORD_BYTES = 256
 
 
+class Chunks(Protocol):
+    """What a sink does with the chunks of a large transaction (background thread)."""
+
+    def write_chunk(self, records: Sequence[Record]) -> None:
+        """Store a chunk of the open transaction, kept apart until its commit."""
+
+    def drop_chunks(self) -> None:
+        """Remove every stored chunk of the open transaction."""
+
+
 class BackgroundCommits:
     """See the module docstring. `commit` runs on the background thread and returns the
-    LSN it made durable."""
+    LSN it made durable; `where` names the sink's store in the log line of transactions
+    it has already (none: no line)."""
 
     def __init__(
-        self, commit: Callable[[Sequence[Record], int], int], name: str, max_records: int
+        self,
+        commit: Callable[[Sequence[Record], int], int],
+        name: str,
+        max_records: int,
+        *,
+        chunks: Chunks | None = None,
+        chunk_records: int = 0,
+        where: str | None = None,
     ) -> None:
         self._commit = commit
         self._max_records = max_records
+        self._chunks = chunks
+        self._chunk_records = chunk_records if chunks is not None else 0
+        self._where = where
         self.stored = 0
         self._pending: list[Record] = []
+        #: the open transaction's last Modification's sequence (-1: none yet)
+        self._sequence = -1
         self._batch: list[Record] = []
         self._batch_lsn = 0
         #: the highest checkpoint taken into a batch (or already in the sink)
@@ -46,29 +82,55 @@ class BackgroundCommits:
         self._in_flight: Future[int] | None = None
         self._in_flight_records = 0
         self.failed: SinkError | None = None
+        #: the open transaction went to Chunks.write; the Schema records of its chunks
+        #: (kept when it starts again); the chunk being written
+        self._chunking = False
+        self._chunked_schemas: list[Schema] = []
+        self._chunk: Future[None] | None = None
 
     def start(self, stored: int) -> None:
         """The LSN the sink holds (read at open)."""
         self.stored = self._taken = stored
 
     def write(self, record: Record) -> None:
-        """Hold the record with its transaction's (Messages are not stored)."""
+        """Hold the record with its transaction's (Messages are not stored); a chunk of a
+        large transaction to the sink."""
         if record.__class__ is Message:
             return
-        if isinstance(record, Modification) and self._pending:
-            last = self._pending[-1]
-            if isinstance(last, Modification) and record.sequence <= last.sequence:
-                # the transaction starts again (a reconnect replays it): its Schema
-                # records are kept (the builder sends them once)
-                self._pending = [r for r in self._pending if isinstance(r, Schema)]
+        if isinstance(record, Modification):
+            if record.sequence <= self._sequence:
+                # the transaction starts again (a reconnect replays it): what was held or
+                # stored of it is dropped, its Schema records kept (the builder sends
+                # them once)
+                schemas = [*self._chunked_schemas]
+                self.drop_chunks()
+                self._pending = [*schemas, *(r for r in self._pending if isinstance(r, Schema))]
+            self._sequence = record.sequence
         self._pending.append(record)
+        if self._chunk_records and len(self._pending) >= self._chunk_records:
+            self._write_chunk()
 
     def checkpoint(self, lsn: int) -> None:
         """The held records are a transaction committed at `lsn`: into the batch, unless
-        the sink (or a batch) has it already."""
+        the sink (or a batch) has it already; a transaction written in chunks commits."""
         pending, self._pending = self._pending, []
+        self._sequence = -1
+        if self._chunking and lsn > self._taken:
+            self._wait_chunk()
+            self._chunking, self._chunked_schemas = False, []
+            self._taken = lsn
+            self._in_flight_records = len(pending)
+            self._in_flight = self._worker.submit(self._commit, pending, lsn)
+            return
         if lsn <= self._taken:
+            self.drop_chunks()  # a transaction in chunks that the sink has already
             if lsn <= self.stored and (self._acked is None or lsn > self._acked):
+                if self._acked is None and self._where is not None:
+                    log.info(
+                        "transactions up to LSN %s are in %s already: skipped",
+                        format_lsn(self.stored),
+                        self._where,
+                    )
                 self._acked = lsn  # committed before this process started
             return
         self._batch.extend(pending)
@@ -106,9 +168,41 @@ class BackgroundCommits:
         held = len(self._pending) + len(self._batch) + self._in_flight_records
         return held * RECORD_BYTES
 
+    def drop_chunks(self) -> None:
+        """Remove the stored chunks of the open transaction, if it has any."""
+        if not self._chunking or self._chunks is None:
+            return
+        self._wait_chunk()
+        self._chunking, self._chunked_schemas = False, []
+        self._worker.submit(self._chunks.drop_chunks).result()
+
     def stop(self) -> None:
         """Wait for the background thread and end it."""
         self._worker.shutdown(wait=True)
+
+    def _write_chunk(self) -> None:
+        """The held records of the open transaction to Chunks.write_chunk on the background
+        thread; the batch before it is committed first, so that dropping the chunks
+        takes nothing else along. One chunk is written while the next is held."""
+        assert self._chunks is not None
+        if not self._chunking:
+            self.flush()
+            self._chunking = True
+        self._wait_chunk()
+        chunk, self._pending = self._pending, []
+        self._chunked_schemas.extend(r for r in chunk if isinstance(r, Schema))
+        self._chunk = self._worker.submit(self._chunks.write_chunk, chunk)
+
+    def _wait_chunk(self) -> None:
+        """Wait for the chunk being written (its error is the sink's from then on)."""
+        chunk, self._chunk = self._chunk, None
+        if chunk is None:
+            return
+        try:
+            chunk.result()
+        except SinkError as e:
+            self.failed = e
+            raise
 
     def _collect(self) -> None:
         """Take the result of a finished background commit (raising its error)."""

@@ -1,12 +1,14 @@
-"""A large transaction goes to DuckDB in chunks, inside one DuckDB transaction that
-commits with its checkpoint (sink.py, CHUNK_RECORDS): memory holds a chunk, never the
-transaction, and nothing of it is in the file or acknowledged before its commit; a
-transaction started again, already in the file, or unfinished at close leaves nothing.
-A real embedded DuckDB, records made here (CHUNK_RECORDS made small); and pg2sink killed
-with SIGKILL while it writes large transactions from a real PostgreSQL."""
+"""A large transaction goes to DuckDB in chunks, each committed beyond the fence until
+the transaction's checkpoint moves the fence past them (sink.py, CHUNK_RECORDS): memory
+holds a chunk, never the transaction, and nothing of it is in the views or acknowledged
+before its commit; a transaction started again, already in the file, unfinished at close
+or cut by a crash leaves nothing. A real embedded DuckDB, records made here
+(CHUNK_RECORDS made small); and pg2sink killed with SIGKILL while it writes large
+transactions from a real PostgreSQL."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -90,6 +92,60 @@ def test_chunks_of_a_transaction_the_file_holds_are_dropped(tmp_path: Path) -> N
     again.close()
     assert query(path, "SELECT count(*), max(id) FROM public_t_raw") == [(12, 11)]
     assert query(path, "SELECT lsn FROM pg2sink_state") == [(300,)]
+
+
+def write_mixed(sink: DuckDBSink, rows: int) -> None:
+    """A transaction of rows of a keyed table and of a keyless one, interleaved."""
+    for i in range(rows):
+        sink.write(insert("public", "t", 2 * i, id=i + 1, a=f"r{i + 1}"))
+        sink.write(insert("public", "bag", 2 * i + 1, n=i % 3))
+
+
+def test_chunks_cut_by_a_crash_stay_out_of_the_views_and_are_removed(tmp_path: Path) -> None:
+    path = tmp_path / "crash.duckdb"
+    pid = os.fork()
+    if pid == 0:  # the writer, which ends without closing anything (as kill -9 would)
+        code = 1
+        try:
+            sink = opened(path)
+            sink.write(schema("public", "t", ("id", INT), ("a", TEXT)))
+            sink.write(schema("public", "bag", ("n", INT), key=""))
+            sink.write(insert("public", "t", 0, id=0, a="committed"))
+            sink.write(insert("public", "bag", 1, n=7))
+            sink.checkpoint(100)
+            sink.flush()
+            write_mixed(sink, 16)  # 32 records: chunks 1 and 2 committed, 3 maybe
+            code = 0
+        finally:
+            os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0
+    beyond = "SELECT count(*) FROM {} WHERE _pg2sink_position > 2"
+    left = [query(path, beyond.format(t))[0][0] for t in ("public_t_raw", "public_bag_raw")]
+    assert sum(left) >= 2 * CHUNK  # committed, but beyond the fence:
+    assert query(path, "SELECT * FROM public_t") == [(0, "committed")]
+    assert query(path, "SELECT * FROM public_bag") == [(7,)]
+    assert query(path, "SELECT lsn, position FROM pg2sink_state") == [(100, 2)]
+    again = opened(path)  # removes them; the stream sends the transaction again
+    again.write(schema("public", "t", ("id", INT), ("a", TEXT)))
+    again.write(schema("public", "bag", ("n", INT), key=""))
+    write_mixed(again, 16)
+    again.checkpoint(200)
+    assert again.flush() == 200
+    again.close()
+    rows = query(
+        path,
+        "SELECT _pg2sink_position FROM public_t_raw UNION ALL "
+        "SELECT _pg2sink_position FROM public_bag_raw ORDER BY 1",
+    )
+    assert [r[0] for r in rows] == list(range(1, 35))  # every row once
+    assert query(path, "SELECT count(*), max(id) FROM public_t") == [(17, 16)]
+    assert query(path, "SELECT n, count(*) FROM public_bag GROUP BY n ORDER BY n") == [
+        (0, 6),
+        (1, 5),
+        (2, 5),
+        (7, 1),
+    ]
+    assert query(path, "SELECT lsn, position FROM pg2sink_state") == [(200, 34)]
 
 
 @pytest.mark.slow

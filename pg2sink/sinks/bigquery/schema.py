@@ -18,7 +18,9 @@ from pg2sink.sinks.duckdb.layout import (
     OPERATION,
     POSITION,
     Column,
+    Dialect,
     Layout,
+    keyed_view_sql,
     view_names,
 )
 
@@ -141,46 +143,26 @@ def _read(column: Column, position: str, raw: str | None = None) -> str:
 
 def view_sql(layout: Layout, dataset: str) -> str:
     """CREATE OR REPLACE VIEW of the table's latest state: the DuckDB sink's view
-    (layout.view_sql, docs/sinks/duckdb.md "The view") in BigQuery's SQL, over the raw
-    rows deduplicated by position (a batch loaded again after a crash holds the same rows
-    at the same positions: docs/sinks/bigquery.md "Delivery")."""
-    live = layout.live()
-    names = view_names(live)
+    (layout.keyed_view_sql, docs/sinks/duckdb.md "The view") in BigQuery's SQL, over the
+    raw rows deduplicated by position (a batch loaded again after a crash holds the same
+    rows at the same positions: docs/sinks/bigquery.md "Delivery")."""
     raw = quote(f"{dataset}.{layout.raw}")
     view = quote(f"{dataset}.{layout.view}")
     rows = f"SELECT * FROM {raw} WHERE TRUE QUALIFY ROW_NUMBER() OVER (PARTITION BY {POSITION}) = 1"
+    if layout.key_columns():
+        return keyed_view_sql(layout, BIGQUERY, view, rows)
     since = (
         f"{POSITION} > COALESCE((SELECT MAX({POSITION}) FROM {raw} "
         f"WHERE {OPERATION} = 'TRUNCATE'), -1)"
     )
-    keys = layout.key_columns()
-    if not keys:
-        return _multiset_sql(layout, view, rows, since)
-    columns = ", ".join(f"{_read(c, '_p')} AS {quote(n)}" for c, n in zip(live, names, strict=True))
-    data = ", ".join(quote(c.raw) for c in live)
-    new_key = ", ".join(f"{quote(c.raw)} AS _k{i}" for i, c in enumerate(keys))
-    old_key = ", ".join(f"{quote(c.before or '')} AS _k{i}" for i, c in enumerate(keys))
-    nulls = ", ".join(
-        f"CAST(NULL AS {bigquery_type(c.raw, c.type).sql_type()}) AS {quote(c.raw)}" for c in live
-    )
-    moved = " OR ".join(f"{quote(c.before or '')} IS DISTINCT FROM {quote(c.raw)}" for c in keys)
-    partition = ", ".join(f"_k{i}" for i in range(len(keys)))
-    return f"""CREATE OR REPLACE VIEW {view} AS
-WITH deduplicated AS ({rows}),
-changes AS (SELECT * FROM deduplicated WHERE {since}),
-events AS (
-    SELECT {POSITION} AS _p, FALSE AS _removed, {new_key}, {data}
-    FROM changes WHERE {OPERATION} IN ('INSERT', 'UPDATE', 'IMPORT')
-    UNION ALL
-    SELECT {POSITION}, TRUE, {old_key}, {nulls}
-    FROM changes
-    WHERE {OPERATION} = 'DELETE'
-       OR ({OPERATION} = 'UPDATE' AND {quote(keys[0].before or "")} IS NOT NULL AND ({moved}))
-),
-latest AS (
-    SELECT *, ROW_NUMBER() OVER (PARTITION BY {partition} ORDER BY _p DESC) AS _n FROM events
+    return _multiset_sql(layout, view, rows, since)
+
+
+#: the keyed view's SQL in BigQuery: backticks, SAFE_CAST of missing values, NULLs cast
+#: to the column's BigQuery type
+BIGQUERY = Dialect(
+    quote, _read, lambda c: f"CAST(NULL AS {bigquery_type(c.raw, c.type).sql_type()})"
 )
-SELECT {columns} FROM latest WHERE _n = 1 AND NOT _removed"""
 
 
 def _multiset_sql(layout: Layout, view: str, rows: str, since: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,11 +27,15 @@ from pg2sink.changelog.records import Schema
 from pg2sink.errors import SinkError
 
 __all__ = [
+    "DUCKDB",
+    "FENCE",
     "META",
     "Column",
+    "Dialect",
     "Layout",
     "duckdb_type",
     "evolve",
+    "keyed_view_sql",
     "non_null",
     "quote",
     "read",
@@ -54,6 +58,10 @@ META: tuple[tuple[str, str], ...] = (
     ("_pg2sink_text", "MAP(VARCHAR, VARCHAR)"),
 )
 POSITION, OPERATION = "_pg2sink_position", "_pg2sink_operation"
+
+#: the fence: the last raw row of a committed transaction (sink.py); rows beyond it are
+#: a transaction written in chunks and not committed yet
+FENCE = "SELECT coalesce(max(position), 0) FROM pg2sink_state"
 
 #: DuckDB types by value kind (codecs.KINDS); decimal, int and text depend on the column
 _BY_KIND: Mapping[Kind, str] = {
@@ -356,33 +364,50 @@ def read(column: Column, position: str, raw: str | None = None) -> str:
     return f"CASE WHEN {position} <= {column.since} THEN {missing} ELSE {value} END"
 
 
-def view_sql(layout: Layout) -> str:
-    """CREATE OR REPLACE VIEW of the table's latest state (docs/sinks/duckdb.md "The view").
+@dataclass(frozen=True)
+class Dialect:
+    """What the keyed view's SQL differs in between the engines that keep a Layout
+    (`keyed_view_sql`): DuckDB's here, BigQuery's in sinks/bigquery/schema.py."""
+
+    quote: Callable[[str], str]
+    """An identifier, quoted."""
+    read: Callable[[Column, str], str]
+    """A column's value in a row at a position (`read`)."""
+    null: Callable[[Column], str]
+    """A NULL of the column's type."""
+
+
+DUCKDB = Dialect(quote, read, lambda _: "NULL")
+
+
+def keyed_view_sql(layout: Layout, dialect: Dialect, view: str, rows: str) -> str:
+    """CREATE OR REPLACE VIEW `view` (quoted) of the latest state of a table with a key,
+    over the raw rows query `rows` (docs/sinks/duckdb.md "The view").
 
     Since the last TRUNCATE, each INSERT, UPDATE and IMPORT row puts its key's row, each
     DELETE (and each UPDATE whose before-image holds another key) removes the old key;
     per key the last event by `_pg2sink_position` (the order the stream delivered them)
-    wins, and the key is in the view unless that event is a removal. A table without a
-    key: `_multiset_sql`."""
+    wins, and the key is in the view unless that event is a removal."""
     live = layout.live()
     names = view_names(live)
-    raw = quote(layout.raw)
     keys = layout.key_columns()
-    if not keys:
-        return _multiset_sql(layout)
+    q = dialect.quote
     since = (
-        f"{POSITION} > coalesce((SELECT max({POSITION}) FROM {raw} "
+        f"{POSITION} > coalesce((SELECT max({POSITION}) FROM raw_rows "
         f"WHERE {OPERATION} = 'TRUNCATE'), -1)"
     )
-    columns = ", ".join(f"{read(c, '_p')} AS {quote(n)}" for c, n in zip(live, names, strict=True))
-    data = ", ".join(f"{quote(c.raw)}" for c in live)
-    new_key = ", ".join(f"{quote(c.raw)} AS _k{i}" for i, c in enumerate(keys))
-    old_key = ", ".join(f"{quote(c.before or '')} AS _k{i}" for i, c in enumerate(keys))
-    nulls = ", ".join(f"NULL AS {quote(c.raw)}" for c in live)
-    moved = " OR ".join(f"{quote(c.before or '')} IS DISTINCT FROM {quote(c.raw)}" for c in keys)
+    columns = ", ".join(
+        f"{dialect.read(c, '_p')} AS {q(n)}" for c, n in zip(live, names, strict=True)
+    )
+    data = ", ".join(q(c.raw) for c in live)
+    new_key = ", ".join(f"{q(c.raw)} AS _k{i}" for i, c in enumerate(keys))
+    old_key = ", ".join(f"{q(c.before or '')} AS _k{i}" for i, c in enumerate(keys))
+    nulls = ", ".join(f"{dialect.null(c)} AS {q(c.raw)}" for c in live)
+    moved = " OR ".join(f"{q(c.before or '')} IS DISTINCT FROM {q(c.raw)}" for c in keys)
     partition = ", ".join(f"_k{i}" for i in range(len(keys)))
-    return f"""CREATE OR REPLACE VIEW {quote(layout.view)} AS
-WITH changes AS (SELECT * FROM {raw} WHERE {since}),
+    return f"""CREATE OR REPLACE VIEW {view} AS
+WITH raw_rows AS ({rows}),
+changes AS (SELECT * FROM raw_rows WHERE {since}),
 events AS (
     SELECT {POSITION} AS _p, FALSE AS _removed, {new_key}, {data}
     FROM changes WHERE {OPERATION} IN ('INSERT', 'UPDATE', 'IMPORT')
@@ -390,12 +415,27 @@ events AS (
     SELECT {POSITION}, TRUE, {old_key}, {nulls}
     FROM changes
     WHERE {OPERATION} = 'DELETE'
-       OR ({OPERATION} = 'UPDATE' AND {quote(keys[0].before or "")} IS NOT NULL AND ({moved}))
+       OR ({OPERATION} = 'UPDATE' AND {q(keys[0].before or "")} IS NOT NULL AND ({moved}))
 ),
 latest AS (
     SELECT *, row_number() OVER (PARTITION BY {partition} ORDER BY _p DESC) AS _n FROM events
 )
 SELECT {columns} FROM latest WHERE _n = 1 AND NOT _removed"""
+
+
+def view_sql(layout: Layout) -> str:
+    """CREATE OR REPLACE VIEW of the table's latest state (docs/sinks/duckdb.md "The
+    view"), over the raw rows within the fence (`FENCE`: a transaction written in chunks
+    is left out until its commit): `keyed_view_sql`, or `_multiset_sql` for a table
+    without a key."""
+    if not layout.key_columns():
+        return _multiset_sql(layout)
+    return keyed_view_sql(layout, DUCKDB, quote(layout.view), _fenced(layout))
+
+
+def _fenced(layout: Layout) -> str:
+    """The raw table's rows within the fence."""
+    return f"SELECT * FROM {quote(layout.raw)} WHERE {POSITION} <= ({FENCE})"
 
 
 def _multiset_sql(layout: Layout) -> str:
@@ -420,7 +460,7 @@ def _multiset_sql(layout: Layout) -> str:
     # optimizer drops every row of `counted` the final filter keeps (an empty result)
     truncated = f"max(CASE WHEN {OPERATION} = 'TRUNCATE' THEN {POSITION} END) OVER ()"
     return f"""CREATE OR REPLACE VIEW {quote(layout.view)} AS
-WITH marked AS (SELECT *, {truncated} AS _truncated FROM {quote(layout.raw)}),
+WITH marked AS (SELECT *, {truncated} AS _truncated FROM ({_fenced(layout)})),
 changes AS (SELECT * FROM marked WHERE {POSITION} > coalesce(_truncated, -1)),
 events AS (
     SELECT 1 AS _n, {new} FROM changes WHERE {OPERATION} IN ('INSERT', 'UPDATE', 'IMPORT')

@@ -1,19 +1,24 @@
 """The DuckDB sink: every table's changes in an embedded DuckDB file, exactly once.
 
 Records are held per transaction until its checkpoint (the commit's end LSN), then join
-the batch. `start_flush()` hands the batch to a background thread, which writes it in
-one DuckDB transaction together with its last checkpoint in `pg2sink_state`
-(transaction.py): the Schema records become raw table DDL and views (layout.py), the
-Modifications rows of the raw tables (values.py), numbered by `_pg2sink_position` in the
-order they came. `acknowledged()` is the LSN of the last committed transaction, so
-PostgreSQL is never told of a change DuckDB does not hold.
+the batch; `start_flush()` hands the batch to a background thread (sinks/batching.py,
+BackgroundCommits), which writes it in one DuckDB transaction together with its last
+checkpoint in `pg2sink_state` (transaction.py): the Schema records become raw table DDL
+and views (layout.py), the Modifications rows of the raw tables (values.py), numbered by
+`_pg2sink_position` in the order they came. `acknowledged()` is the LSN of the last
+committed transaction, so PostgreSQL is never told of a change DuckDB does not hold.
 
-Memory: a PostgreSQL transaction of more than CHUNK_RECORDS records is not held whole.
-The batch before it is committed first; then its records go to DuckDB a chunk at a time,
-inside one DuckDB transaction left open, which commits at the transaction's checkpoint
-with the state row, or rolls back when the transaction starts again (a reconnect), turns
-out to be in the file already, or the sink closes before its commit. A crash leaves the
-open DuckDB transaction uncommitted, which DuckDB discards: exactly once still.
+The fence: `pg2sink_state.position` is the last raw row of a committed transaction. A
+PostgreSQL transaction of CHUNK_RECORDS records is not held whole: the batch before it is
+committed first, then its records go to DuckDB a chunk at a time, each chunk committed in
+a DuckDB transaction of its own (DuckDB holds memory per row of an open transaction until
+its commit), beyond the fence. The views leave rows beyond the fence out (layout.py), and
+the transaction's checkpoint moves the fence past them together with the state's LSN.
+When the transaction starts again (a reconnect), turns out to be in the file already, or
+the sink closes before its commit, its rows are deleted; so are those a crash left,
+when the file is opened again. Positions, not LSNs, mark them: a transaction's changes
+may have LSNs below an earlier-committed transaction's commit (interleaved
+transactions), but its positions are above every committed row's.
 
 Exactly once: at open the sink reads the LSN stored in the file. The stream restarts at
 the slot's confirmed position, which may be before it (a crash between DuckDB's commit
@@ -21,10 +26,11 @@ and the confirmation): a transaction whose checkpoint is at or below the stored 
 already in the file and is dropped whole. The same holds after a reconnect within one
 process (a transaction torn by the lost connection is dropped when it starts again).
 
-Imports: executors stage Parquet files next to the database (imports.py); each commit
-loads the staged files first, records them in `pg2sink_loaded` in the same transaction
-and deletes them once committed. The import gate releases the changes it held for an
-import only when every partition is staged, so they come after its rows.
+Imports: executors stage Parquet files next to the database (imports.py); a DuckDB
+transaction that follows a committed one (a batch, a large transaction's first chunk)
+loads the staged files first, inside the fence, records them in `pg2sink_loaded` in the
+same transaction and deletes them once committed. The import gate releases the changes
+it held for an import only when every partition is staged, so they come after its rows.
 """
 
 from __future__ import annotations
@@ -32,43 +38,40 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
 
 import duckdb
 import orjson
 
-from pg2sink.changelog.records import Message, Modification, Record, Schema
+from pg2sink.changelog.records import Record
 from pg2sink.errors import SinkError
-from pg2sink.logical.lsn import format_lsn
+from pg2sink.sinks.batching import RECORD_BYTES, BackgroundCommits
 from pg2sink.sinks.duckdb.config import DuckDBConfig
 from pg2sink.sinks.duckdb.imports import staged_files, unfinished_files
-from pg2sink.sinks.duckdb.layout import Layout, quote
+from pg2sink.sinks.duckdb.layout import FENCE, POSITION, Layout, quote
 from pg2sink.sinks.duckdb.transaction import Transaction
+from pg2sink.sinks.duckdb.values import without_pandas
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STATE_KEY", "DuckDBSink"]
+__all__ = ["RECORD_BYTES", "STATE_KEY", "DuckDBSink"]
 
 #: the `slot` of the file's pg2sink_state row when the stream does not tell its slot
 #: (`use_slot`): a sink made outside the service
 STATE_KEY = "pg2sink"
 
 #: a batch this large is committed at the next checkpoint, after waiting for the one
-#: being committed (memory stays bounded when the stream outruns DuckDB)
-MAX_BATCH_RECORDS = 20_000
+#: being committed: memory holds two batches at most when the stream outruns DuckDB
+MAX_BATCH_RECORDS = 5_000
 
 #: a PostgreSQL transaction holding this many records goes to DuckDB in chunks of this
-#: size, in a DuckDB transaction left open until its commit (module docstring)
+#: size, each committed beyond the fence (module docstring)
 CHUNK_RECORDS = 5_000
 
 #: DuckDB settings of the sink's connection (the file's readers have their own): a row
-#: group of an open transaction is written to the file as soon as it is full (DuckDB's
+#: group of a transaction is written to the file as soon as it is full (DuckDB's
 #: default buffers five, 600,000 rows, before writing them)
 MEMORY_SETTINGS = {"write_buffer_row_group_count": "1"}
-
-#: pending_bytes' estimate of a record held in memory
-RECORD_BYTES = 256
 
 _INTERNAL = (
     "CREATE TABLE IF NOT EXISTS pg2sink_state "
@@ -90,29 +93,19 @@ class DuckDBSink:
         self.slot = STATE_KEY
         self._con: duckdb.DuckDBPyConnection | None = None
         self._layouts: dict[tuple[str, str], Layout] = {}
-        #: the last position given to a raw row, and the highest LSN the file holds
+        #: the last position of a committed transaction's raw row (the fence)
         self._position = 0
-        self._stored = 0
-        #: records of the open transaction; of the committed ones not yet handed over
-        self._pending: list[Record] = []
-        self._batch: list[Record] = []
-        self._batch_lsn = 0
-        #: the highest checkpoint taken into a batch (or already in the file)
-        self._taken = 0
-        self._acked: int | None = None
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg2sink-duckdb")
-        self._in_flight: Future[int] | None = None
-        self._in_flight_records = 0
-        self._failed: SinkError | None = None
-        #: the open transaction's last Modification's sequence (-1: none yet)
-        self._sequence = -1
-        #: the open transaction has chunks in the open DuckDB transaction; their Schema
-        #: records (kept when the transaction starts again); the last chunk's write
-        self._spilling = False
-        self._spilled_schemas: list[Schema] = []
-        self._chunk: Future[None] | None = None
-        #: the open DuckDB transaction (the worker thread's alone)
+        #: the transaction written in chunks, committed up to its last chunk (its layouts
+        #: and next position; the worker thread's alone)
         self._open: Transaction | None = None
+        self._commits = BackgroundCommits(
+            self._commit,
+            "pg2sink-duckdb",
+            MAX_BATCH_RECORDS,
+            chunks=self,
+            chunk_records=CHUNK_RECORDS,
+            where=self.path,
+        )
 
     # --- the Sink protocol ---
 
@@ -121,7 +114,8 @@ class DuckDBSink:
         self.slot = slot
 
     def open(self) -> None:
-        """Open (or create) the file, its internal tables, and read where it is."""
+        """Open (or create) the file, its internal tables, and read where it is; the rows
+        of a transaction a crash left unfinished are removed."""
         try:
             con = duckdb.connect(self.path)
         except duckdb.Error as e:
@@ -133,221 +127,154 @@ class DuckDBSink:
                 con.execute(statement)
             # the LSN is the slot's; positions run over the whole file
             state = con.execute(
-                "SELECT (SELECT lsn FROM pg2sink_state WHERE slot = ?), "
-                "(SELECT coalesce(max(position), 0) FROM pg2sink_state)",
+                f"SELECT (SELECT lsn FROM pg2sink_state WHERE slot = ?), ({FENCE})",
                 [self.slot],
             ).fetchall()
             for (data,) in con.execute("SELECT layout FROM pg2sink_tables").fetchall():
                 layout = Layout.from_json(orjson.loads(data))
                 self._layouts[layout.namespace, layout.name] = layout
+            stored, self._position = int(state[0][0] or 0), int(state[0][1])
+            self._con = con
+            self._delete_unfinished()
         except duckdb.Error as e:
+            self._con = None
             con.close()
             raise SinkError(f"cannot use --duckdb-path {self.path!r}: {_one_line(e)}") from None
-        self._stored, self._position = int(state[0][0] or 0), int(state[0][1])
-        self._con = con
         # a crash came before their removal; unfinished files belong to partitions that
         # were never marked done (their retry writes them again)
         _remove([*self._loaded(staged_files(self.path)), *unfinished_files(self.path)])
-        self._taken = self._stored
-        log.debug("duckdb sink writing to %s, from LSN %s", self.path, self._stored)
+        self._commits.start(stored)
+        without_pandas()
+        log.debug("duckdb sink writing to %s, from LSN %s", self.path, stored)
 
+    # held, batched and committed in the background by BackgroundCommits (sinks/batching.py)
     def write(self, record: Record) -> None:
-        """Hold the record with its transaction's (Messages are not stored); a chunk of a
-        large transaction to DuckDB."""
-        if record.__class__ is Message:
-            return
-        if isinstance(record, Modification):
-            if record.sequence <= self._sequence:
-                # the transaction starts again (a reconnect replays it): what was held of
-                # it is dropped, its Schema records kept (the builder sends them once)
-                schemas = [*self._spilled_schemas]
-                self._drop_open()
-                self._pending = [*schemas, *(r for r in self._pending if isinstance(r, Schema))]
-            self._sequence = record.sequence
-        self._pending.append(record)
-        if len(self._pending) >= CHUNK_RECORDS:
-            self._spill()
+        self._commits.write(record)
 
     def checkpoint(self, lsn: int) -> None:
-        """The held records are a transaction committed at `lsn`: into the batch, unless
-        the file (or a batch) already has it; a transaction written in chunks commits."""
-        pending, self._pending = self._pending, []
-        self._sequence = -1
-        if self._spilling and lsn > self._taken:
-            self._wait_chunk()
-            self._spilling, self._spilled_schemas = False, []
-            self._taken = lsn
-            self._in_flight_records = len(pending)
-            self._in_flight = self._worker.submit(self._commit, pending, lsn)
-            return
-        if lsn <= self._taken:
-            self._drop_open()  # a transaction in chunks that the file holds already
-            if lsn <= self._stored and (self._acked is None or lsn > self._acked):
-                if self._acked is None:
-                    log.info(
-                        "transactions up to LSN %s are in %s already: skipped",
-                        format_lsn(self._stored),
-                        self.path,
-                    )
-                self._acked = lsn  # in the file before this process started
-            return
-        self._batch.extend(pending)
-        self._batch_lsn = self._taken = lsn
-        if len(self._batch) >= MAX_BATCH_RECORDS:
-            # DuckDB is behind: wait for its commit and hand it this batch, so memory
-            # holds two batches at most (the stream waits meanwhile)
-            self._wait()
-            self.start_flush()
+        self._commits.checkpoint(lsn)
 
     def start_flush(self) -> None:
-        """Start committing the batch in the background, unless a commit is running."""
-        self._collect()
-        if self._in_flight is not None or not self._batch_lsn:
-            return
-        batch, lsn = self._batch, self._batch_lsn
-        self._batch, self._batch_lsn = [], 0
-        self._in_flight_records = len(batch)
-        self._in_flight = self._worker.submit(self._commit, batch, lsn)
+        self._commits.start_flush()
 
     def flush(self) -> int | None:
-        """Commit everything checkpointed, waiting for it."""
-        self._wait()
-        if self._batch_lsn:
-            self.start_flush()
-            self._wait()
-        return self._acked
+        return self._commits.flush()
 
     def acknowledged(self) -> int | None:
-        self._collect()
-        return self._acked
+        return self._commits.acknowledged()
 
     def pending_bytes(self) -> int:
-        """An estimate: RECORD_BYTES per record held or being committed."""
-        held = len(self._pending) + len(self._batch) + self._in_flight_records
-        return held * RECORD_BYTES
+        return self._commits.pending_bytes()
 
     def close(self) -> None:
         """Commit what is checkpointed (unless a commit failed), close the file; a
         transaction begun in chunks and not committed in PostgreSQL's stream is dropped."""
         try:
-            if self._con is not None and self._failed is None:
-                self._drop_open()
-                self.flush()
+            if self._con is not None and self._commits.failed is None:
+                self._commits.drop_chunks()
+                self._commits.flush()
         finally:
-            self._worker.shutdown(wait=True)
+            self._commits.stop()
             if self._con is not None:
                 self._con.close()
                 self._con = None
 
-    # --- commits ---
-
-    def _collect(self) -> None:
-        """Take the result of a finished background commit (raising its error)."""
-        if self._failed is not None:
-            raise self._failed
-        done = self._in_flight
-        if done is None or not done.done():
-            return
-        self._in_flight, self._in_flight_records = None, 0
-        try:
-            lsn = done.result()
-        except SinkError as e:
-            self._failed = e
-            raise
-        if self._acked is None or lsn > self._acked:
-            self._acked = lsn
-
-    def _wait(self) -> None:
-        """Wait for the background commit, if any, and take its result."""
-        if self._in_flight is not None:
-            self._in_flight.exception()
-        self._collect()
-
-    def _spill(self) -> None:
-        """The held records of the open transaction into the open DuckDB transaction, on
-        the worker thread; the batch before it is committed first, so a rollback of the
-        open one takes nothing else along. One chunk is written while the next is held."""
-        if not self._spilling:
-            self.flush()
-            self._spilling = True
-        self._wait_chunk()
-        chunk, self._pending = self._pending, []
-        self._spilled_schemas.extend(r for r in chunk if isinstance(r, Schema))
-        self._chunk = self._worker.submit(self._write, chunk)
-
-    def _wait_chunk(self) -> None:
-        """Wait for the chunk being written (its error is the sink's from then on)."""
-        chunk, self._chunk = self._chunk, None
-        if chunk is None:
-            return
-        try:
-            chunk.result()
-        except SinkError as e:
-            self._failed = e
-            raise
-
-    def _drop_open(self) -> None:
-        """Roll the open DuckDB transaction of chunks back, if there is one."""
-        if not self._spilling:
-            return
-        self._wait_chunk()
-        self._spilling, self._spilled_schemas = False, []
-        self._worker.submit(self._abort).result()
-
     # --- on the worker thread ---
 
     def _commit(self, records: Sequence[Record], lsn: int) -> int:
-        """The records (after the chunks before them, if any) and `lsn` as the state, in
-        one DuckDB transaction, committed."""
-        self._write(records)
-        writer = self._open
-        assert writer is not None and self._con is not None
-        try:
-            self._con.execute(
-                "INSERT OR REPLACE INTO pg2sink_state VALUES (?, ?, ?)",
-                [self.slot, lsn, writer.position],
-            )
-            self._con.execute("COMMIT")
-        except duckdb.Error as e:
-            self._abort()
-            raise SinkError(f"cannot write to {self.path!r}: {_one_line(e)}") from None
+        """The records (after the chunks before them, if any) and `lsn` with the position
+        of their last row as the state, in one DuckDB transaction: committed, the fence
+        moves past the chunks too."""
+        writer = self._write(records, lambda w: self._set_state(lsn, w.position))
         self._open = None
-        self._layouts, self._position, self._stored = writer.layouts, writer.position, lsn
+        self._layouts, self._position, self._commits.stored = writer.layouts, writer.position, lsn
         _remove(writer.staged)
         return lsn
 
-    def _write(self, records: Sequence[Record]) -> None:
-        """The records' DDL and rows into the open DuckDB transaction, begun (the staged
-        import files loaded first) when there is none; rolled back on an error."""
+    def write_chunk(self, records: Sequence[Record]) -> None:
+        """A chunk of a large transaction, committed in a DuckDB transaction of its own
+        beyond the fence (Chunks): the views leave its rows out until the transaction's
+        commit moves the fence past them."""
+        writer = self._write(records, None)
+        self._open = writer
+        self._layouts, self._position = dict(writer.layouts), writer.fence
+        _remove(writer.staged)
+        writer.staged = []
+
+    def drop_chunks(self) -> None:
+        """Delete the chunks of the open transaction (Chunks)."""
+        self._open = None
+        try:
+            self._delete_unfinished()
+        except duckdb.Error as e:
+            raise SinkError(f"cannot write to {self.path!r}: {_one_line(e)}") from None
+
+    def _write(
+        self, records: Sequence[Record], finish: Callable[[Transaction], None] | None
+    ) -> Transaction:
+        """One DuckDB transaction: the records' DDL and rows after the chunks of the open
+        transaction, if any, else after the staged import files (loaded first, inside the
+        fence: `writer.fence`), then `finish`; committed, or rolled back on an error."""
         con = self._con
         if con is None:
             raise SinkError("the duckdb sink was not opened")
+        writer = self._open
         try:
-            writer = self._open
+            con.execute("BEGIN TRANSACTION")
             if writer is None:
                 writer = Transaction(con, dict(self._layouts), self._position)
-                staged = staged_files(self.path)
-                loaded = self._loaded(staged)
-                con.execute("BEGIN TRANSACTION")
-                self._open = writer
-                for file in staged:
-                    if file not in loaded:
-                        writer.load(file)
-                writer.staged = staged
+                self._load_staged(writer)
+                if writer.staged and finish is None:
+                    self._set_state(self._commits.stored, writer.fence)
             for record in records:
                 writer.add(record)
             writer.finish()
+            if finish is not None:
+                finish(writer)
+            con.execute("COMMIT")
         except (duckdb.Error, SinkError) as e:
-            self._abort()
+            _rollback(con)
             if isinstance(e, SinkError):
                 raise
             raise SinkError(f"cannot write to {self.path!r}: {_one_line(e)}") from None
+        return writer
 
-    def _abort(self) -> None:
-        """Roll the open DuckDB transaction back (if any): nothing of it is in the file."""
-        self._open = None
-        if self._con is not None:
+    def _load_staged(self, writer: Transaction) -> None:
+        """The staged import files not loaded yet into the raw tables (imports.py), at
+        the start of a transaction: complete rows, so the fence may include them."""
+        staged = staged_files(self.path)
+        loaded = self._loaded(staged)
+        for file in staged:
+            if file not in loaded:
+                writer.load(file)
+        writer.staged = staged
+        writer.fence = writer.position
+
+    def _set_state(self, lsn: int, position: int) -> None:
+        """The slot's state row: `lsn` committed, raw rows up to `position` complete."""
+        assert self._con is not None
+        self._con.execute(
+            "INSERT OR REPLACE INTO pg2sink_state VALUES (?, ?, ?)", [self.slot, lsn, position]
+        )
+
+    def _delete_unfinished(self) -> None:
+        """Delete the raw rows beyond the fence: a transaction whose chunks were committed
+        and which never was (the stream sends it again from its start)."""
+        assert self._con is not None
+        removed = 0
+        self._con.execute("BEGIN TRANSACTION")
+        try:
+            for layout in self._layouts.values():
+                ((count,),) = self._con.execute(
+                    f"DELETE FROM {quote(layout.raw)} WHERE {POSITION} > ?", [self._position]
+                ).fetchall()
+                removed += int(count)
+            self._con.execute("COMMIT")
+        except duckdb.Error:
             _rollback(self._con)
+            raise
+        if removed:
+            log.info("%s rows of a transaction not committed removed from %s", removed, self.path)
 
     def _loaded(self, files: Sequence[str]) -> set[str]:
         """Those of the staged `files` that the database holds already."""

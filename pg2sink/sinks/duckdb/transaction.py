@@ -46,6 +46,8 @@ class Transaction:
         self.position = position
         #: the staged import files loaded (deleted once the transaction committed)
         self.staged: list[str] = []
+        #: the position after the staged files' rows (the rows before the records')
+        self.fence = position
         self._rows: dict[tuple[str, str], list[tuple[int, Modification]]] = {}
 
     def add(self, record: Record) -> None:

@@ -14,6 +14,7 @@ its exact digits as text.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from functools import cache
@@ -27,9 +28,37 @@ from pg2sink.sinks.duckdb.layout import Layout, raw_columns
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-__all__ = ["arrow_batch", "arrow_type", "value_array"]
+__all__ = ["arrow_batch", "arrow_type", "value_array", "without_pandas"]
 
 _DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
+
+
+def without_pandas() -> None:
+    """Keep pyarrow from importing pandas in this process (about 50 MB), unless pandas is
+    imported already. `pa.array` asks pyarrow's pandas shim whether its input is a pandas
+    object, and the shim imports pandas the first time (once per process) whenever it is
+    installed; nothing of this sink needs it. The shim's one attempt is made here with
+    `import pandas` failing, so it records pandas as missing. Called by the stream's sink
+    at open, before any conversion; pyarrow's to_pandas() and the like then fail in this
+    process, which uses none of them."""
+    if "pandas" in sys.modules:
+        return
+    import pyarrow as pa
+
+    sys.meta_path.insert(0, _NoPandas)
+    try:
+        pa.array([0], pa.int64())
+    finally:
+        sys.meta_path.remove(_NoPandas)
+
+
+class _NoPandas:
+    """A module finder that refuses pandas (`without_pandas`)."""
+
+    @staticmethod
+    def find_spec(name: str, *_: object) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("pandas is not used by the duckdb sink", name=name)
 
 
 @cache
