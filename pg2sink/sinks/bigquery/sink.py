@@ -111,7 +111,7 @@ class BigQuerySink:
         start, position = self._commits.stored, self._position
         staged = warehouse.staged_imports(self._imported)
         for staged_import in staged:
-            position = self._load_import(warehouse, staged_import, position)
+            position = self._load_import(warehouse, staged_import, position, (start, lsn))
         rows: dict[tuple[str, str], list[tuple[int, Modification]]] = {}
         for record in records:
             if isinstance(record, Schema):
@@ -140,12 +140,15 @@ class BigQuerySink:
             warehouse.drop(name)
         return lsn
 
-    def _load_import(self, warehouse: Warehouse, staged: StagedImport, position: int) -> int:
+    def _load_import(
+        self, warehouse: Warehouse, staged: StagedImport, position: int, batch: tuple[int, int]
+    ) -> int:
         """A staging table's rows into its table's raw table after `position` (the
         layout gains the columns the import's snapshot has); the next position. A row
         whose key has an IMPORT row of the same or a newer snapshot is not loaded (a
-        partition staged twice). The DML job's id is derived from the staging table and
-        `position`: a batch retried after a crash finds it DONE and its count."""
+        partition staged twice). The DML job's id is derived from the staging table,
+        `position` and the `batch`'s LSN range: the batch retried in this run finds it DONE
+        and reads its count."""
         table = (staged.schema.namespace, staged.schema.name)
         layout = self._layouts.get(table)
         known = set() if layout is None else {c.column for c in layout.live()}
@@ -174,7 +177,8 @@ class BigQuerySink:
                 f"AND r._pg2sink_lsn >= s._pg2sink_lsn AND {same})"
             )
         param = bigquery.ScalarQueryParameter("position", "INT64", position)
-        count = warehouse.dml(sql, [param], f"pg2sink_insert_{staged.name}_{position:X}")
+        job_id = warehouse.job_id(f"insert {staged.name} {position}", *batch)
+        count = warehouse.dml(sql, [param], job_id)
         log.info("bigquery: %s rows of an import of %s.%s loaded", count, table[0], table[1])
         return position + count
 

@@ -14,8 +14,10 @@ import io
 import logging
 import re
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -108,6 +110,11 @@ class Warehouse:
         self.slot = slot
         self.client = client(config)
         self.dataset = f"{config.bigquery_project}.{config.bigquery_dataset}"
+        #: every job id of this slot's stream starts so (unfinished_jobs)
+        self.prefix = f"pg2sink_{_NOT_IN_ID.sub('_', slot)[:200]}_"
+        #: this process's part of its job ids: a restart removes what a batch without
+        #: its state row loaded (open), so it must not find that batch's jobs DONE
+        self.run = uuid.uuid4().hex[:8]
 
     def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)`; BigQuery's refusals as SinkError, an unreachable server
@@ -196,6 +203,7 @@ class Warehouse:
         tables, every table name (lower-cased), and the slot's stored LSN and the last
         position given to a raw row."""
         self.prepare()
+        self._finish_unfinished()
         layouts: dict[tuple[str, str], Layout] = {}
         names: set[str] = set()
         for item in self.call("list tables", lambda: list(self.client.list_tables(self.dataset))):
@@ -212,7 +220,50 @@ class Warehouse:
             f"(SELECT MAX(position) FROM `{self.dataset}.{STATE_TABLE}`)",
             [bigquery.ScalarQueryParameter("slot", "STRING", self.slot)],
         )
-        return layouts, names, int(rows[0][0] or 0), int(rows[0][1] or 0)
+        position = int(rows[0][1] or 0)
+        self._remove_uncommitted([layout.raw for layout in layouts.values()], position)
+        return layouts, names, int(rows[0][0] or 0), position
+
+    def _finish_unfinished(self) -> None:
+        """Wait for the jobs a killed run of this slot's stream left pending or running
+        (BigQuery runs a job to its end whoever waits for it): their rows count as
+        loaded only once they are DONE."""
+        since = datetime.now(UTC) - timedelta(days=1)
+        for state in ("pending", "running"):
+            listed = self.call(
+                "list jobs",
+                lambda state=state: list(
+                    self.client.list_jobs(state_filter=state, min_creation_time=since)
+                ),
+            )
+            for job in listed:
+                if str(job.job_id).startswith(self.prefix):
+                    log.info("bigquery: waiting for job %s of an earlier run", job.job_id)
+                    self.call(f"wait for {job.job_id}", _wait, job)
+
+    def _remove_uncommitted(self, raws: Sequence[str], position: int) -> None:
+        """Delete the raw rows after `position` (the last one a state row holds): a run
+        killed after some load jobs of its batch, before the batch's state row, loaded
+        them; the stream sends those changes again and they are loaded again, once."""
+        if not raws:
+            return
+        counts = " UNION ALL ".join(
+            f"SELECT {i}, COUNT(*) FROM `{self.dataset}.{raw}` WHERE _pg2sink_position > @position"
+            for i, raw in enumerate(raws)
+        )
+        param = [bigquery.ScalarQueryParameter("position", "INT64", position)]
+        for i, count in self.query(counts, param):
+            raw = raws[i]
+            if count:
+                log.info(
+                    "bigquery: %s rows of %s after position %s were loaded in part of a batch "
+                    "without its state row: removed, they are loaded again",
+                    count, raw, position,
+                )  # fmt: skip
+                self.query(
+                    f"DELETE FROM `{self.dataset}.{raw}` WHERE _pg2sink_position > @position",
+                    param,
+                )
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """The rows of a query job (DDL: none)."""
@@ -252,11 +303,11 @@ class Warehouse:
     # --- loads ---
 
     def job_id(self, what: str, start: int, end: int) -> str:
-        """The load job id of `what` (a table, the state) for the batch of LSNs after
-        `start` up to `end`: the same for a batch retried, unique per dataset and slot."""
+        """The load job id of `what` (a table, the state, an import's move) for the batch
+        of LSNs after `start` up to `end`: the same for the batch retried in this run,
+        unique per dataset, slot and run."""
         scope = hashlib.sha256(f"{self.dataset}\0{self.slot}\0{what}".encode()).hexdigest()[:16]
-        slot = _NOT_IN_ID.sub("_", self.slot)[:200]
-        return f"pg2sink_{slot}_{start:X}_{end:X}_{scope}"
+        return f"{self.prefix}{self.run}_{start:X}_{end:X}_{scope}"
 
     def load(self, table: str, rows: pa.Table, job_id: str) -> None:
         """`rows` appended to `table` by a Parquet load job `job_id` (`_<attempt>` added),
