@@ -1,4 +1,4 @@
-"""Instructions per change of the file-sink hot path, under callgrind.
+"""Instructions per change of the file-sink (or Kafka-sink) hot path, under callgrind.
 
 Wall-clock benchmarks (bench/stream.py) move with the machine's load; the number
 of instructions pg2sink executes for a fixed input does not (it repeats to within
@@ -23,9 +23,15 @@ a fraction of a percent). This harness measures it for the bench-stream workload
    with interpreter start-up, imports and the Relation message cancelled out.
    Also prints the SHA-256 of each output file, so a change that must not alter
    the records can be checked byte for byte against the figure before it.
+   `--sink kafka`: the same replays through the Kafka sink (Avro) into the broker
+   and registry of .services/env (`make services`), topics of a fresh prefix,
+   PG2SINK_KAFKA_CONFIG as KEY=VALUE,... for --kafka-config; callgrind counts
+   every thread (the main thread's count printed apart: librdkafka's threads'
+   share moves a little with timing, ~1% between runs).
 
     .venv/bin/python bench/callgrind_stream.py capture /tmp/cg
     .venv/bin/python bench/callgrind_stream.py measure /tmp/cg
+    .venv/bin/python bench/callgrind_stream.py measure /tmp/cg --sink kafka
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ from pg2sink.subscription.handlers import ChangelogHandler  # noqa: E402
 from pg2sink.subscription.loop import StopRequested, Streamer  # noqa: E402
 
 DEFAULT_SIZES = (2000, 12000)
+#: --sink: the file sink, or the Kafka sink (Avro) on the services of .services/env
+SINKS = ("file", "kafka")
 
 
 def _sizes_for(changes: int) -> tuple[int, int, int]:
@@ -150,16 +158,40 @@ def replay_frames(frames: Sequence[memoryview], catalog: Any, sink: Any) -> None
     handler.close()
 
 
-def replay(frames_file: Path, out: Path) -> None:
-    from pg2sink.sinks.file import FileSink
-
+def replay(frames_file: Path, out: Path, sink_name: str = "file") -> None:
     with frames_file.open("rb") as f:
         saved = pickle.load(f)
     # as the C libpq wrapper hands them out (memoryview), made before the run
     frames = [memoryview(b) for b in saved["frames"]]
-    sink = FileSink(str(out))
+    sink: Any
+    if sink_name == "kafka":
+        sink = _kafka_sink()
+    else:
+        from pg2sink.sinks.file import FileSink
+
+        sink = FileSink(str(out))
     sink.open()
     replay_frames(frames, RecordedCatalog(saved["catalog"]), sink)
+
+
+def _kafka_sink() -> Any:
+    """The Kafka sink (Avro) on KAFKA_BOOTSTRAP_SERVERS and SCHEMA_REGISTRY_URL (make
+    services' .services/env), into topics of a fresh prefix; --kafka-config from
+    PG2SINK_KAFKA_CONFIG (KEY=VALUE,...)."""
+    import uuid
+
+    from pg2sink.sensitive import Settings
+    from pg2sink.sinks.kafka.config import KafkaConfig
+    from pg2sink.sinks.kafka.sink import KafkaSink
+
+    extra = os.environ.get("PG2SINK_KAFKA_CONFIG", "")
+    cfg = KafkaConfig(
+        os.environ["KAFKA_BOOTSTRAP_SERVERS"],
+        producer=Settings.parse([s for s in extra.split(",") if s], "PG2SINK_KAFKA_CONFIG"),
+        topic_prefix=f"cg_{uuid.uuid4().hex[:8]}",
+        schema_registry_url=os.environ["SCHEMA_REGISTRY_URL"],
+    )
+    return KafkaSink(cfg)
 
 
 def capture(directory: Path, sizes: Sequence[int]) -> None:
@@ -274,45 +306,62 @@ def _read_slot(dsn: str, slot: str, publication: str, changes: int, stream_cls: 
         stream.close()
 
 
-def _callgrind_ir(frames_file: Path, out: Path, work: Path) -> int:
+def _callgrind_ir(frames_file: Path, out: Path, work: Path, sink: str) -> tuple[int, int]:
+    """(Ir of the whole process, Ir of its main thread) of one replay under callgrind."""
     cg_out = work / f"callgrind.{frames_file.stem}.out"
+    for old in work.glob(f"{cg_out.name}*"):
+        old.unlink()
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     subprocess.run(
         [
             "valgrind",
             "--tool=callgrind",
+            # one file per thread: the main thread's count apart from librdkafka's
+            "--separate-threads=yes",
             f"--callgrind-out-file={cg_out}",
             sys.executable,
             __file__,
             "replay",
             str(frames_file),
             str(out),
+            "--sink",
+            sink,
         ],
         check=True,
         env=env,
         capture_output=True,
     )
-    with cg_out.open() as f:
-        for line in f:
-            m = re.match(r"(?:summary|totals): (\d+)", line)
-            if m:
-                return int(m.group(1))
-    raise RuntimeError(f"no totals in {cg_out}")
+    totals: dict[int, int] = {}
+    for path in work.glob(f"{cg_out.name}*"):
+        thread = re.search(r"-(\d+)$", path.name)
+        with path.open() as f:
+            for line in f:
+                m = re.match(r"(?:summary|totals): (\d+)", line)
+                if m:
+                    totals[int(thread.group(1)) if thread else 1] = int(m.group(1))
+                    break
+    if 1 not in totals:
+        raise RuntimeError(f"no totals in {cg_out}*")
+    return sum(totals.values()), totals[1]
 
 
-def measure(directory: Path, sizes: Sequence[int]) -> None:
+def measure(directory: Path, sizes: Sequence[int], sink: str = "file") -> None:
     small, large = sorted(sizes)
-    irs: dict[int, int] = {}
+    irs: dict[int, tuple[int, int]] = {}
     for n in (small, large):
         frames_file = directory / f"frames_{n}.pickle"
         out = directory / f"out_{n}.jsonl"
         out.unlink(missing_ok=True)
-        irs[n] = _callgrind_ir(frames_file, out, directory)
-        digest = hashlib.sha256(out.read_bytes()).hexdigest()[:16]
-        lines = out.read_bytes().count(b"\n")
-        print(f"{n:>6} changes: Ir {irs[n]:,}  output {lines} lines sha256 {digest}")
-    per_change = (irs[large] - irs[small]) / (large - small)
-    print(f"instructions per change: {per_change:,.0f}")
+        irs[n] = _callgrind_ir(frames_file, out, directory, sink)
+        if sink == "file":
+            digest = hashlib.sha256(out.read_bytes()).hexdigest()[:16]
+            lines = out.read_bytes().count(b"\n")
+            print(f"{n:>6} changes: Ir {irs[n][0]:,}  output {lines} lines sha256 {digest}")
+        else:
+            print(f"{n:>6} changes: Ir {irs[n][0]:,} (main thread {irs[n][1]:,})")
+    per_change = (irs[large][0] - irs[small][0]) / (large - small)
+    main_thread = (irs[large][1] - irs[small][1]) / (large - small)
+    print(f"instructions per change: {per_change:,.0f} (main thread {main_thread:,.0f})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -324,16 +373,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("replay", help="feed one capture through the file sink path")
     p.add_argument("frames", type=Path)
     p.add_argument("out", type=Path)
+    p.add_argument("--sink", choices=SINKS, default="file")
     p = sub.add_parser("measure", help="instructions per change under callgrind")
     p.add_argument("dir", type=Path)
     p.add_argument("--sizes", type=int, nargs=2, default=DEFAULT_SIZES)
+    p.add_argument("--sink", choices=SINKS, default="file")
     args = parser.parse_args(argv)
     if args.command == "capture":
         capture(args.dir, args.sizes)
     elif args.command == "replay":
-        replay(args.frames, args.out)
+        replay(args.frames, args.out, args.sink)
     else:
-        measure(args.dir, args.sizes)
+        measure(args.dir, args.sizes, args.sink)
     return 0
 
 

@@ -226,6 +226,11 @@ class KafkaSink:
         encode = native.encode
         produce = self._produce
         headers = self._headers
+        # _produce() inline for this sink's own producing (a subclass's _produce decides
+        # per message: transactional.py): a Python call less per change; anything
+        # produce() refuses (a full queue, an unknown topic...) goes through _produce(),
+        # which waits or records the failure, as the refused message was not queued
+        inline = type(self)._produce is KafkaSink._produce
 
         def write(
             data: bytes, commit_time: datetime, sequence: int, lsn: int, xid: int, op: Operation
@@ -241,7 +246,18 @@ class KafkaSink:
             headers[0] = _OPERATION_HEADERS[op]
             headers[1] = ("lsn", b"%d" % lsn)
             headers[2] = self._xid_header
-            produce(topic, encoded[0], encoded[1], headers)
+            key, value = encoded
+            if inline:
+                try:
+                    # as in _produce(), which counts the same
+                    self._producer.produce(topic, value, key, -1, None, None, 0, headers)
+                except (BufferError, KafkaException, AttributeError):
+                    pass  # (AttributeError: not opened; _produce() says so)
+                else:
+                    self._produced += 1
+                    self._queued_bytes += len(value) + (len(key) if key is not None else 0)
+                    return True
+            produce(topic, key, value, headers)
             return True
 
         return write
