@@ -101,6 +101,18 @@ def test_producer_settings_keep_the_guarantees() -> None:
         producer_settings(KafkaConfig("b:9092", Settings({"delivery.report.only.error": "false"})))
 
 
+def test_lz4_by_default_and_the_users_compression_kept() -> None:
+    """The stream's producer and imports' (the same producer_settings) compress with lz4
+    unless --kafka-config names a compression under either of librdkafka's names."""
+    default = producer_settings(KafkaConfig("b:9092", Settings({"linger.ms": "7"})))
+    assert default["compression.type"] == "lz4" and default["linger.ms"] == "7"
+    chosen = producer_settings(KafkaConfig("b:9092", Settings({"compression.type": "none"})))
+    assert chosen["compression.type"] == "none"
+    # librdkafka's other name for it: no second, conflicting setting
+    codec = producer_settings(KafkaConfig("b:9092", Settings({"compression.codec": "zstd"})))
+    assert codec["compression.codec"] == "zstd" and "compression.type" not in codec
+
+
 def test_settings_hide_secrets() -> None:
     s = Settings.parse(["sasl.username=u", "sasl.password=hunter2", "x=a=b"], "--kafka-config")
     assert s.reveal() == {"sasl.username": "u", "sasl.password": "hunter2", "x": "a=b"}
