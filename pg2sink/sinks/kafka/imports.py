@@ -5,11 +5,11 @@ checked, the Avro subjects registered, --schema-topic written) and waits for the
 broker's acknowledgement; the executors then get the subjects' ids with the target, so
 they never call the registry. Each task produces its partition with a KafkaSink of its
 own (the stream's producer settings: idempotent, acks=all, the user's --kafka-config;
-lz4 compression unless that sets another), keyed by primary key and encoded by the same
-per-table encoders as the stream (Avro: the stream's C encoder of new rows,
-changelog.avro_native, fed each row as the pgoutput Insert message of its text,
-changelog.batches.write_raw), and returns only when the broker acknowledged every
-message: the partition is marked done after that.
+lz4 compression unless that sets another, producer.PRODUCER_DEFAULTS), keyed by primary
+key and encoded by the same per-table encoders as the stream (Avro: the stream's C
+encoder of new rows, changelog.avro_native, fed each row as the pgoutput Insert message
+of its text, changelog.batches.write_raw), and returns only when the broker
+acknowledged every message: the partition is marked done after that.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from pg2sink.changelog.batches import ImportTable, write_modifications, write_raw
 from pg2sink.changelog.records import Schema
 from pg2sink.errors import ConfigError, SinkError
-from pg2sink.sensitive import Settings
 from pg2sink.sinks.kafka.config import KafkaConfig
 
 if TYPE_CHECKING:
@@ -33,22 +32,11 @@ if TYPE_CHECKING:
     from pg2sink.sinks.kafka.formats import Format
 
 __all__ = [
-    "IMPORT_PRODUCER_DEFAULTS",
     "KafkaImportTarget",
     "KnownSchemaIds",
     "RecordingRegistry",
-    "import_settings",
     "wait_acknowledged",
 ]
-
-#: Producer settings of the executors unless --kafka-config sets them. lz4: measured
-#: with 200k rows of bench-import's mix produced to a broker on the same 2 cores, the
-#: producer's CPU stays ~2.0 us per row and the broker's falls from ~2.2 to ~0.7 us per
-#: row (zstd: the same for the broker, +0.3 us for the producer; linger.ms 20 or 50 and
-#: larger batches: no gain). docs/imports.md.
-IMPORT_PRODUCER_DEFAULTS = {"compression.type": "lz4"}
-#: --kafka-config names under which librdkafka takes the same settings
-_ALIASES = {"compression.type": ("compression.codec",)}
 
 #: Longest wait for a task's Kafka deliveries, in seconds (librdkafka retries inside it).
 DELIVERY_WAIT = 300.0
@@ -109,9 +97,7 @@ class KafkaImportTarget:
 
         # the driver published the Schema record to --schema-topic once; imports are not
         # transactional (docs/kafka-exactly-once.md)
-        cfg = dataclasses.replace(
-            self.cfg, schema_topic=None, exactly_once=False, producer=import_settings(self.cfg)
-        )
+        cfg = dataclasses.replace(self.cfg, schema_topic=None, exactly_once=False)
         fmt: Format = (
             message_format(cfg)
             if cfg.format != "avro"
@@ -136,18 +122,6 @@ class KafkaImportTarget:
         finally:
             sink.close()
         return seq
-
-
-def import_settings(cfg: KafkaConfig) -> Settings:
-    """--kafka-config with IMPORT_PRODUCER_DEFAULTS for what it leaves unset."""
-    given = cfg.producer.reveal()
-    settings = {
-        name: value
-        for name, value in IMPORT_PRODUCER_DEFAULTS.items()
-        if not any(n in given for n in (name, *_ALIASES.get(name, ())))
-    }
-    settings.update(given)
-    return Settings(settings)
 
 
 class KnownSchemaIds:
