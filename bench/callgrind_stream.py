@@ -165,7 +165,10 @@ def replay(frames_file: Path, out: Path, sink_name: str = "file") -> None:
     frames = [memoryview(b) for b in saved["frames"]]
     sink: Any
     if sink_name == "kafka":
-        sink = _kafka_sink()
+        # the services of .services/env (make services)
+        sink = kafka_sink(
+            os.environ["KAFKA_BOOTSTRAP_SERVERS"], os.environ["SCHEMA_REGISTRY_URL"], "cg"
+        )
     else:
         from pg2sink.sinks.file import FileSink
 
@@ -174,10 +177,9 @@ def replay(frames_file: Path, out: Path, sink_name: str = "file") -> None:
     replay_frames(frames, RecordedCatalog(saved["catalog"]), sink)
 
 
-def _kafka_sink() -> Any:
-    """The Kafka sink (Avro) on KAFKA_BOOTSTRAP_SERVERS and SCHEMA_REGISTRY_URL (make
-    services' .services/env), into topics of a fresh prefix; --kafka-config from
-    PG2SINK_KAFKA_CONFIG (KEY=VALUE,...)."""
+def kafka_sink(bootstrap: str, registry: str, prefix: str) -> Any:
+    """A Kafka sink (Avro) into topics of a fresh prefix `prefix_<random>`, --kafka-config
+    from PG2SINK_KAFKA_CONFIG (KEY=VALUE,...); not opened."""
     import uuid
 
     from pg2sink.sensitive import Settings
@@ -186,10 +188,10 @@ def _kafka_sink() -> Any:
 
     extra = os.environ.get("PG2SINK_KAFKA_CONFIG", "")
     cfg = KafkaConfig(
-        os.environ["KAFKA_BOOTSTRAP_SERVERS"],
+        bootstrap,
         producer=Settings.parse([s for s in extra.split(",") if s], "PG2SINK_KAFKA_CONFIG"),
-        topic_prefix=f"cg_{uuid.uuid4().hex[:8]}",
-        schema_registry_url=os.environ["SCHEMA_REGISTRY_URL"],
+        topic_prefix=f"{prefix}_{uuid.uuid4().hex[:8]}",
+        schema_registry_url=registry,
     )
     return KafkaSink(cfg)
 

@@ -14,6 +14,8 @@ programs share the machine, so two versions of the code can be compared on a bus
 
 Each round uses topics of its own (a new --topic-prefix), so the schemas are registered
 once per round; the round ends when the broker has acknowledged every message.
+PG2SINK_KAFKA_CONFIG (KEY=VALUE,...) gives the sink --kafka-config settings, to compare
+producer settings (`PG2SINK_KAFKA_CONFIG=compression.type=none make bench-kafka-cpu`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,11 +36,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
 
 import services  # noqa: E402
-from callgrind_stream import RecordedCatalog, replay_frames  # noqa: E402
+from callgrind_stream import RecordedCatalog, kafka_sink, replay_frames  # noqa: E402
 from common import cpu_seconds, start_kafka  # noqa: E402
-
-from pg2sink.sinks.kafka.config import KafkaConfig  # noqa: E402
-from pg2sink.sinks.kafka.sink import KafkaSink  # noqa: E402
 
 
 def replay_round(
@@ -48,12 +46,7 @@ def replay_round(
     """(process CPU s, main-thread CPU s, wall s, changes) of one replay into fresh topics."""
     frames = [memoryview(b) for b in saved["frames"]]  # type: ignore[attr-defined]
     changes = sum(1 for b in frames if b[0] == ord("w") and bytes(b[25:26]) in (b"I", b"U"))
-    cfg = KafkaConfig(
-        bootstrap,
-        topic_prefix=f"cpu_{uuid.uuid4().hex[:8]}",
-        schema_registry_url=registry,
-    )
-    sink = KafkaSink(cfg)
+    sink = kafka_sink(bootstrap, registry, "cpu")  # PG2SINK_KAFKA_CONFIG: --kafka-config
     sink.open()
     process, thread, wall = time.process_time(), time.thread_time(), time.monotonic()
     # closing the handler flushes: every message acknowledged
