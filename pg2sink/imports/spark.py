@@ -13,8 +13,9 @@ For a job (`ImportTask`) the driver:
    rows stream instead of being held in memory, and the session settings of the
    stream's walsender (DateStyle, TimeZone... catalog.server.REPLICATION_SESSION_SETTINGS) so
    every value's text is what pgoutput would send;
-3. unions the scans (Spark partition i = the i-th partition left to do) and hands them,
-   as Arrow batches of strings, to `writers.write_partition` through mapInArrow: executors
+3. unions the scans (Spark partition i = the i-th partition left to do; the text read as
+   bytes, reads.binary_schema) and hands them, as Arrow batches, to
+   `writers.write_partition` through mapInArrow: executors
    decode, write, flush and mark their partition done; only a (partition, rows) pair per
    partition comes back to the driver.
 
@@ -57,7 +58,7 @@ from pg2sink.changelog.records import Schema
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import ConfigError, ImportFailed, Pg2SinkError
 from pg2sink.imports.plan import ImportPlan
-from pg2sink.imports.reads import jdbc_reader, text_query
+from pg2sink.imports.reads import binary_schema, jdbc_reader, text_query
 from pg2sink.imports.writers import PartitionJob
 from pg2sink.routing.masking import annotate_schema
 from pg2sink.sinks.base import ImportTarget
@@ -263,7 +264,12 @@ class SparkRunner:
         spark = self.session()
         # the Schema record, durable before any row; the target the executors get
         job = dataclasses.replace(job, target=task.target.begin(job.table.schema))
-        reader = spark.read.format("jdbc").option("url", url).options(**props)
+        reader = (
+            spark.read.format("jdbc")
+            .option("url", url)
+            .options(**props)
+            .option("customSchema", binary_schema(len(task.plan.columns)))
+        )
         frames = [reader.option("dbtable", f"({q}) AS t").load() for q in queries]
         frame = functools.reduce(lambda a, b: a.union(b), frames)
         from pg2sink.imports.writers import write_partition

@@ -1,8 +1,9 @@
 """What a Spark executor does with its partition of an import: write it, mark it done.
 
 `write_partition` runs in the Python worker of each Spark task (through mapInArrow): it
-receives the partition's rows as Arrow record batches of string columns (each value
-PostgreSQL's text output of the column, or null) and hands them to the sink's import
+receives the partition's rows as Arrow record batches of binary columns (each value
+PostgreSQL's text output of the column in UTF-8, or null), checks them and hands them,
+as string columns, to the sink's import
 target (sinks/base.py `ImportTarget`; the file sink's in sinks/file/imports.py, Kafka's
 in sinks/kafka/imports.py), which decodes them with the stream's codecs
 (changelog/batches.py), writes IMPORT Modifications with the sink's own encoders and
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pg2sink.changelog.batches import ImportTable
+from pg2sink.errors import SourceError
 from pg2sink.sinks.base import ImportTarget
 
 if TYPE_CHECKING:
@@ -58,7 +60,7 @@ def write_partition(
     context = TaskContext.get()
     assert context is not None, "write_partition runs in a Spark task"
     number = job.partitions[context.partitionId()]
-    rows = job.target.write_rows(job.table, batches)
+    rows = job.target.write_rows(job.table, (_as_text(job.table, b) for b in batches))
     with psycopg.connect(
         job.source_dsn, autocommit=True, application_name="pg2sink import"
     ) as conn:
@@ -67,3 +69,25 @@ def write_partition(
         {"partition": [number], "rows": [rows]},
         schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())]),
     )
+
+
+def _as_text(table: ImportTable, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The batch with its binary columns as string columns (the same buffers): Spark
+    reads PostgreSQL's text as bytes (reads.binary_schema). The bytes are checked to be
+    UTF-8, as pgjdbc's decoding did (a SQL_ASCII database can hold anything)."""
+    import pyarrow as pa
+
+    columns = []
+    for i, column in enumerate(batch.columns):
+        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+            large = pa.types.is_large_binary(column.type)
+            column = column.view(pa.large_string() if large else pa.string())
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid:
+                raise SourceError(
+                    f"import of {table.schema.namespace}.{table.schema.name}: column "
+                    f"{table.names[i]} holds text that is not valid UTF-8"
+                ) from None
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)

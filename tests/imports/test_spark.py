@@ -41,14 +41,17 @@ Conn = psycopg.Connection[Any]
 INTERNAL = "pg2sink"
 ROWS = 200_000
 
-#: bench/stream.py's columns, plus char(n) (padding), inet (no netmask) and a NULL-able
-#: bool: their text casts differ from the output functions pgoutput uses
+#: bench/stream.py's columns (names with non-ASCII text now and then), plus char(n)
+#: (padding), inet (no netmask) and a NULL-able bool: their text casts differ from the
+#: output functions pgoutput uses
 TABLE_DDL = (
     "CREATE TABLE mix (id int8 PRIMARY KEY, name text, amount numeric(12,2),"
     " at timestamptz, flag bool, doc jsonb, code char(6), addr inet)"
 )
 ROW_EXPRESSIONS = (
-    "i, 'customer-' || substr(md5(i::text), 1, 11 + (i % 20)::int),"
+    # non-ASCII text now and then: it reaches the executors as its UTF-8 bytes
+    "i, 'customer-' || substr(md5(i::text), 1, 11 + (i % 20)::int)"
+    " || CASE WHEN i % 7 = 0 THEN ' é€\U0001f600\"\\' ELSE '' END,"
     " ((i * 7919) % 100000000 / 100.0)::numeric(12,2),"
     " timestamptz '2024-01-01 00:00:00+00' + i * interval '37 seconds',"
     " CASE WHEN i % 11 = 0 THEN NULL ELSE i % 3 = 0 END,"
@@ -438,3 +441,28 @@ def test_partitions_follow_the_cores_of_a_local_master(monkeypatch: pytest.Monke
     assert target_partitions("local") == 2
     # a cluster's size is unknown before its session starts
     assert target_partitions("spark://master:7077") == CLUSTER_PARTITIONS
+
+
+def test_text_that_is_not_utf8_fails_the_partition() -> None:
+    """Spark hands the text over as bytes (reads.binary_schema); bytes that are not UTF-8
+    (a SQL_ASCII database can hold them) stop the import with one line, as pgjdbc's
+    decoding did."""
+    import pyarrow as pa
+
+    from pg2sink.catalog.types import PgType
+    from pg2sink.changelog.batches import ImportTable
+    from pg2sink.errors import SourceError
+    from pg2sink.imports.writers import _as_text
+    from tests.sinks.test_file_arrow_lines import job_for
+
+    text = PgType(oid=25, name="text", namespace="pg_catalog", kind="b", category="S")
+    table: ImportTable = job_for(["id", "name"], (text, text), (-1, -1))
+    good = pa.RecordBatch.from_arrays(
+        [pa.array([b"1", b"2"]), pa.array(["é€".encode(), None])], names=["c0", "c1"]
+    )
+    assert _as_text(table, good).to_pydict() == {"c0": ["1", "2"], "c1": ["é€", None]}
+    bad = pa.RecordBatch.from_arrays(
+        [pa.array([b"1", b"2"]), pa.array([b"ok", b"caf\xe9"])], names=["c0", "c1"]
+    )
+    with pytest.raises(SourceError, match="column name holds text that is not valid UTF-8"):
+        _as_text(table, bad)
