@@ -34,11 +34,12 @@ Method
    `--sink` takes a comma-separated list (file,kafka,duckdb); `both` is file,kafka.
 
 Report: rows/s of each, and the ratio of each import's rows/s to COPY's (issue #16's
-targets: file sink >= 0.5, Kafka sink >= 0.25; DuckDB has none), Spark's start-up
-separately, and the
-CPU seconds per row of pg2sink's process tree and PostgreSQL's (from /proc: load-proof,
-unlike the times); BENCH_CPU_BY_PROCESS=1 also splits pg2sink's CPU by process kind
-(driver, java: Spark's JVM, python: its Python workers).
+targets: file sink >= 0.5, Kafka sink >= 0.25; issue #13's: DuckDB sink >= 0.3), Spark's
+start-up separately, and the CPU seconds per row of pg2sink's processes (this one, the
+driver, and Spark's JVM with its Python workers; not the broker and registry it
+started) and PostgreSQL's (from /proc: load-proof, unlike the times);
+BENCH_CPU_BY_PROCESS=1 also splits pg2sink's CPU by process kind (driver, java: Spark's
+JVM, python: its Python workers) and BENCH_CPU_BY_THREAD=1 the JVM's by thread name.
 `--repeat` runs COPY and each import that many times (alternating) and reports
 medians. The machine's other load counts: the script prints the load average.
 """
@@ -94,8 +95,12 @@ TABLE = "bench"
 INTERNAL = "pg2sink"
 PUBLICATION = "bench_pub"
 DEFAULT_ROWS = 5_000_000
-#: issue #16's targets: an import's rows/s over COPY's
-TARGETS = {"pg2sink import, file sink": 0.5, "pg2sink import, Kafka sink": 0.25}
+#: issues #16's and #13's targets: an import's rows/s over COPY's
+TARGETS = {
+    "pg2sink import, file sink": 0.5,
+    "pg2sink import, Kafka sink": 0.25,
+    "pg2sink import, DuckDB sink": 0.3,
+}
 SINKS = ("file", "kafka", "duckdb")
 
 
@@ -160,6 +165,17 @@ def tree_times(root: int) -> dict[int, tuple[str, float]]:
     return found
 
 
+def pg2sink_times(me: int) -> dict[int, tuple[str, float]]:
+    """tree_times() of pg2sink's processes: this one (the driver) and Spark's JVM with
+    its Python workers, not the Kafka broker and registry this process also started."""
+    from pyspark import SparkContext
+
+    gateway: Any = SparkContext._gateway
+    times = tree_times(gateway.proc.pid)
+    times[me] = tree_times(me)[me]
+    return times
+
+
 def cpu_by_process(
     before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], root: int
 ) -> str:
@@ -175,6 +191,39 @@ def cpu_by_process(
         kind = "driver" if pid == root else name
         kinds[kind] = kinds.get(kind, 0.0) - t
     return ", ".join(f"{kind} {t:.2f}s" for kind, t in sorted(kinds.items()) if t >= 0.005)
+
+
+def java_threads(root: int) -> dict[str, float]:
+    """CPU seconds of the threads of Spark's JVM (pg2sink_times' `java`), summed by
+    thread name (as the kernel keeps it: 15 characters) with its numbers dropped (C2
+    CompilerThread, GC Thread, Executor task launch worker, Thread-N: py4j's, the
+    driver's planning and code generation...): where a JVM's time goes, without a
+    profiler. A pool thread keeps the name it started with."""
+    import re
+
+    kinds: dict[str, float] = {}
+    for pid, (name, _) in pg2sink_times(root).items():
+        if name != "java":
+            continue
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            # numbers dropped, but C1's and C2's compiler threads told apart
+            comm = re.sub(r"(?<!^C)[0-9]+", "#", text.split("(", 1)[1].rsplit(")", 1)[0]).strip()
+            fields = text.rsplit(")", 1)[1].split()
+            kinds[comm] = kinds.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return kinds
+
+
+def thread_text(before: dict[str, float], after: dict[str, float]) -> str:
+    """The JVM threads that used 0.05 s or more between two java_threads(), busiest first."""
+    spent = {k: t - before.get(k, 0.0) for k, t in after.items()}
+    return ", ".join(
+        f"{k} {t:.2f}s" for k, t in sorted(spent.items(), key=lambda x: -x[1]) if t >= 0.05
+    )
 
 
 def postmaster_pid(conn: Conn) -> int:
@@ -230,12 +279,13 @@ def run_import(
                 sink,
             )
             server, me = postmaster_pid(conn), os.getpid()
-            mine0, server0 = tree_times(me), tree_times(server)
+            mine0, server0 = pg2sink_times(me), tree_times(server)
             broker0 = cpu_seconds(broker_pid) if broker_pid else None
+            threads0 = java_threads(me) if os.environ.get("BENCH_CPU_BY_THREAD") else None
             t0 = time.monotonic()
             rows = runner.run(task)
             seconds = time.monotonic() - t0
-            mine, server_times = tree_times(me), tree_times(server)
+            mine, server_times = pg2sink_times(me), tree_times(server)
             broker1 = cpu_seconds(broker_pid) if broker_pid else None
             cpu = sum(t for _, t in mine.values()) - sum(t for _, t in mine0.values())
             server_cpu = sum(t for _, t in server_times.values()) - sum(
@@ -243,6 +293,8 @@ def run_import(
             )
             if os.environ.get("BENCH_CPU_BY_PROCESS"):
                 print(f"    cpu by process: {cpu_by_process(mine0, mine, me)}", flush=True)
+            if threads0 is not None:
+                print(f"    JVM threads: {thread_text(threads0, java_threads(me))}", flush=True)
         finally:
             snap.close()
     broker = broker1 - broker0 if broker0 is not None and broker1 is not None else None
