@@ -1,5 +1,6 @@
-"""A large transaction goes to DuckDB in chunks, each committed beyond the fence until
-the transaction's checkpoint moves the fence past them (sink.py, CHUNK_RECORDS): memory
+"""A large transaction goes to DuckDB in chunks, committed beyond the fence every
+COMMIT_ROWS rows until the transaction's checkpoint moves the fence past them (sink.py,
+CHUNK_RECORDS): memory
 holds a chunk, never the transaction, and nothing of it is in the views or acknowledged
 before its commit; a transaction started again, already in the file, unfinished at close
 or cut by a crash leaves nothing. A real embedded DuckDB, records made here
@@ -29,6 +30,7 @@ CHUNK = 5
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sink_module, "CHUNK_RECORDS", CHUNK)
+    monkeypatch.setattr(sink_module, "COMMIT_ROWS", 2 * CHUNK)
 
 
 def update(sequence: int, id: int, a: str) -> Modification:
@@ -114,14 +116,14 @@ def test_chunks_cut_by_a_crash_stay_out_of_the_views_and_are_removed(tmp_path: P
             sink.write(insert("public", "bag", 1, n=7))
             sink.checkpoint(100)
             sink.flush()
-            write_mixed(sink, 16)  # 32 records: chunks 1 and 2 committed, 3 maybe
+            write_mixed(sink, 16)  # 32 records: chunks 1 to 4 committed, 5 maybe
             code = 0
         finally:
             os._exit(code)
     assert os.waitpid(pid, 0)[1] == 0
     beyond = "SELECT count(*) FROM {} WHERE _pg2sink_position > 2"
     left = [query(path, beyond.format(t))[0][0] for t in ("public_t_raw", "public_bag_raw")]
-    assert sum(left) >= 2 * CHUNK  # committed, but beyond the fence:
+    assert sum(left) >= 4 * CHUNK  # committed, but beyond the fence:
     assert query(path, "SELECT * FROM public_t") == [(0, "committed")]
     assert query(path, "SELECT * FROM public_bag") == [(7,)]
     assert query(path, "SELECT lsn, position FROM pg2sink_state") == [(100, 2)]

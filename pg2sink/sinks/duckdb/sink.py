@@ -10,8 +10,8 @@ committed transaction, so PostgreSQL is never told of a change DuckDB does not h
 
 The fence: `pg2sink_state.position` is the last raw row of a committed transaction. A
 PostgreSQL transaction of CHUNK_RECORDS records is not held whole: the batch before it is
-committed first, then its records go to DuckDB a chunk at a time, each chunk committed in
-a DuckDB transaction of its own (DuckDB holds memory per row of an open transaction until
+committed first, then its records go to DuckDB a chunk at a time, in DuckDB transactions
+committed every COMMIT_ROWS rows (DuckDB holds memory per row of an open transaction until
 its commit), beyond the fence. The views leave rows beyond the fence out (layout.py), and
 the transaction's checkpoint moves the fence past them together with the state's LSN.
 When the transaction starts again (a reconnect), turns out to be in the file already, or
@@ -68,6 +68,12 @@ MAX_BATCH_RECORDS = 5_000
 #: size, each committed beyond the fence (module docstring)
 CHUNK_RECORDS = 5_000
 
+#: the chunks' DuckDB transaction commits once it holds this many rows (four chunks):
+#: DuckDB keeps memory per row of an open transaction until its commit, and each commit
+#: syncs its WAL (docs/benchmarks.md, "Session 7: DuckDB sink": a commit per chunk took
+#: more memory and time than this)
+COMMIT_ROWS = 20_000
+
 #: DuckDB settings of the sink's connection (the file's readers have their own): a row
 #: group of a transaction is written to the file as soon as it is full (DuckDB's
 #: default buffers five, 600,000 rows, before writing them)
@@ -98,6 +104,8 @@ class DuckDBSink:
         #: the transaction written in chunks, committed up to its last chunk (its layouts
         #: and next position; the worker thread's alone)
         self._open: Transaction | None = None
+        #: a DuckDB transaction is open: the position before its first row
+        self._begun: int | None = None
         self._commits = BackgroundCommits(
             self._commit,
             "pg2sink-duckdb",
@@ -192,14 +200,15 @@ class DuckDBSink:
         return lsn
 
     def write_chunk(self, records: Sequence[Record]) -> None:
-        """A chunk of a large transaction, committed in a DuckDB transaction of its own
-        beyond the fence (Chunks): the views leave its rows out until the transaction's
-        commit moves the fence past them."""
+        """A chunk of a large transaction beyond the fence (Chunks): the views leave its
+        rows out until the transaction's commit moves the fence past them. Its DuckDB
+        transaction commits once it holds COMMIT_ROWS rows."""
         writer = self._write(records, None)
         self._open = writer
-        self._layouts, self._position = dict(writer.layouts), writer.fence
-        _remove(writer.staged)
-        writer.staged = []
+        if self._begun is None:  # committed: its DDL and loaded staged files with it
+            self._layouts, self._position = dict(writer.layouts), writer.fence
+            _remove(writer.staged)
+            writer.staged = []
 
     def drop_chunks(self) -> None:
         """Delete the chunks of the open transaction (Chunks)."""
@@ -212,15 +221,18 @@ class DuckDBSink:
     def _write(
         self, records: Sequence[Record], finish: Callable[[Transaction], None] | None
     ) -> Transaction:
-        """One DuckDB transaction: the records' DDL and rows after the chunks of the open
-        transaction, if any, else after the staged import files (loaded first, inside the
-        fence: `writer.fence`), then `finish`; committed, or rolled back on an error."""
+        """The records' DDL and rows in a DuckDB transaction, after the chunks of the
+        open transaction, if any, else after the staged import files (loaded first,
+        inside the fence: `writer.fence`). With `finish` (a checkpoint), `finish` and a
+        commit follow; a chunk commits at COMMIT_ROWS rows. Rolled back on an error."""
         con = self._con
         if con is None:
             raise SinkError("the duckdb sink was not opened")
         writer = self._open
         try:
-            con.execute("BEGIN TRANSACTION")
+            if self._begun is None:
+                con.execute("BEGIN TRANSACTION")
+                self._begun = self._position if writer is None else writer.position
             if writer is None:
                 writer = Transaction(con, dict(self._layouts), self._position)
                 self._load_staged(writer)
@@ -231,13 +243,21 @@ class DuckDBSink:
             writer.finish()
             if finish is not None:
                 finish(writer)
-            con.execute("COMMIT")
+            if finish is not None or writer.position - self._begun >= COMMIT_ROWS:
+                con.execute("COMMIT")
+                self._begun = None
         except (duckdb.Error, SinkError) as e:
-            _rollback(con)
+            self._rollback()
             if isinstance(e, SinkError):
                 raise
             raise SinkError(f"cannot write to {self.path!r}: {_one_line(e)}") from None
         return writer
+
+    def _rollback(self) -> None:
+        """Roll the open DuckDB transaction back, if there is one."""
+        if self._begun is not None and self._con is not None:
+            self._begun = None
+            _rollback(self._con)
 
     def _load_staged(self, writer: Transaction) -> None:
         """The staged import files not loaded yet into the raw tables (imports.py), at
@@ -261,6 +281,7 @@ class DuckDBSink:
         """Delete the raw rows beyond the fence: a transaction whose chunks were committed
         and which never was (the stream sends it again from its start)."""
         assert self._con is not None
+        self._rollback()  # chunks not committed yet
         removed = 0
         self._con.execute("BEGIN TRANSACTION")
         try:
