@@ -142,9 +142,9 @@ def test_kill_9_during_an_import_converges(
     conn = db.connect()
     conn.execute("CREATE TABLE w (id int PRIMARY KEY, n int, s text)")
     # two partitions (10,000 rows at least each: pg2sink/imports/plan.py)
-    conn.execute("INSERT INTO w SELECT g, g, 'x' || g FROM generate_series(1, 25000) g")
-    writer = Writer(db, seed=SEED, keys=25_000, truncate=False)
-    writer.pause = 0.05
+    conn.execute("INSERT INTO w SELECT g, g, 'x' || g FROM generate_series(1, 20500) g")
+    writer = Writer(db, seed=SEED, keys=20_500, truncate=False)
+    writer.pause = 0.1  # the changes held while the import runs are loaded after it
     writer.start()  # transactions are in flight when the table joins
     try:
         p = start(pg2sink_proc, bigquery_endpoint, dataset, imports=True)
