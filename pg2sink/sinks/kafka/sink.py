@@ -166,7 +166,15 @@ class KafkaSink:
         producer, self._producer = self._producer, None
         if producer is None:
             return
-        left = producer.flush(CLOSE_WAIT)
+        try:
+            left = producer.flush(CLOSE_WAIT)
+        except KafkaException as e:
+            # a transactional producer's pending end of transaction can fail here (seen
+            # once: INVALID_TXN_STATE); nothing after it is confirmed, so closing goes on
+            log.warning(
+                "Kafka producer at close: %s; what it held is sent again after a restart", reason(e)
+            )
+            return
         if left:
             log.warning(
                 "%d Kafka messages not delivered at close; they are not confirmed and will "
