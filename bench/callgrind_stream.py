@@ -27,7 +27,8 @@ a fraction of a percent). This harness measures it for the bench-stream workload
    and registry of .services/env (`make services`), topics of a fresh prefix,
    PG2SINK_KAFKA_CONFIG as KEY=VALUE,... for --kafka-config; callgrind counts
    every thread (the main thread's count printed apart: librdkafka's threads'
-   share moves a little with timing, ~1% between runs).
+   share moves a little with timing, ~1% between runs). `--sink null`: the
+   source side alone (decoding and the changelog), every record discarded.
 
     .venv/bin/python bench/callgrind_stream.py capture /tmp/cg
     .venv/bin/python bench/callgrind_stream.py measure /tmp/cg
@@ -59,7 +60,7 @@ from pg2sink.subscription.loop import StopRequested, Streamer  # noqa: E402
 
 DEFAULT_SIZES = (2000, 12000)
 #: --sink: the file sink, or the Kafka sink (Avro) on the services of .services/env
-SINKS = ("file", "kafka")
+SINKS = ("file", "kafka", "null")
 
 
 def _sizes_for(changes: int) -> tuple[int, int, int]:
@@ -169,6 +170,11 @@ def replay(frames_file: Path, out: Path, sink_name: str = "file") -> None:
         sink = kafka_sink(
             os.environ["KAFKA_BOOTSTRAP_SERVERS"], os.environ["SCHEMA_REGISTRY_URL"], "cg"
         )
+    elif sink_name == "null":
+        # the source side alone: decoding and the changelog, every record discarded
+        from pg2sink.sinks.null import NullSink
+
+        sink = NullSink()
     else:
         from pg2sink.sinks.file import FileSink
 

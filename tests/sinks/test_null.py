@@ -14,7 +14,7 @@ from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import DecodeError
 from pg2sink.imports import jobs
 from pg2sink.imports.spark import ImportTask, SparkRunner
-from pg2sink.sinks.base import ImportTarget, Sink
+from pg2sink.sinks.base import ImportTarget, Sink, WritesNewRows
 from pg2sink.sinks.null import NullImportTarget, NullSink
 from tests.conftest import Database, wait_for
 from tests.imports.test_spark import INTERNAL, fill_table, prepare_job
@@ -37,6 +37,10 @@ def test_every_checkpoint_is_acknowledged_at_once() -> None:
     assert sink.flush() == 30
     assert sink.json_values is False
     assert isinstance(sink, NullSink) and sink.records == 1
+    # the changelog's new-row shortcut (no Modification built) is counted the same
+    assert isinstance(sink, WritesNewRows)
+    sink.write_new_row(T, 1, 40, 8, Operation.UPDATE, "public", "t", {"id": 1})
+    assert sink.records == 2
     sink.close()
 
 

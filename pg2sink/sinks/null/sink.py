@@ -2,14 +2,18 @@
 
 Nothing is kept, so nothing can be lost: a checkpoint is acknowledged as soon as it is
 given, and the stream confirms it to PostgreSQL at its next status update. Values reach
-it as Python values (json_values False), the decoding the other sinks' callers pay too.
+it as Python values (json_values False): every value is still decoded and checked, as
+for the other sinks. An Insert's or Update's new row comes through `write_new_row`
+(sinks.base.WritesNewRows, the file sink's shortcut) without a Modification record being
+built for it, which the null sink would only count.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
-from pg2sink.changelog.records import Record
+from pg2sink.changelog.records import Operation, Record
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,20 @@ class NullSink:
         self.records = 0
 
     def write(self, record: Record) -> None:
+        self.records += 1
+
+    def write_new_row(
+        self,
+        timestamp: datetime,
+        sequence: int,
+        lsn: int,
+        xid: int,
+        operation: Operation,
+        namespace: str,
+        name: str,
+        after: dict[str, object] | None,
+        before: dict[str, object] | None = None,
+    ) -> None:
         self.records += 1
 
     def checkpoint(self, lsn: int) -> None:
