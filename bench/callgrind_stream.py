@@ -27,8 +27,11 @@ a fraction of a percent). This harness measures it for the bench-stream workload
    and registry of .services/env (`make services`), topics of a fresh prefix,
    PG2SINK_KAFKA_CONFIG as KEY=VALUE,... for --kafka-config; callgrind counts
    every thread (the main thread's count printed apart: librdkafka's threads'
-   share moves a little with timing, ~1% between runs). `--sink null`: the
-   source side alone (decoding and the changelog), every record discarded.
+   share moves a little with timing, ~1% between runs). `--sink nats`: the
+   same into the nats-server of .services/env (JSON, a stream of a fresh prefix,
+   deleted after; the main thread's count is the sink's side, the loop thread's
+   moves with timing). `--sink null`: the source side alone (decoding and the
+   changelog), every record discarded.
 
     .venv/bin/python bench/callgrind_stream.py capture /tmp/cg
     .venv/bin/python bench/callgrind_stream.py measure /tmp/cg
@@ -38,6 +41,7 @@ a fraction of a percent). This harness measures it for the bench-stream workload
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import os
 import pickle
@@ -60,7 +64,7 @@ from pg2sink.subscription.loop import StopRequested, Streamer  # noqa: E402
 
 DEFAULT_SIZES = (2000, 12000)
 #: --sink: the file sink, or the Kafka sink (Avro) on the services of .services/env
-SINKS = ("file", "kafka", "null")
+SINKS = ("file", "kafka", "nats", "null")
 
 
 def _sizes_for(changes: int) -> tuple[int, int, int]:
@@ -170,6 +174,9 @@ def replay(frames_file: Path, out: Path, sink_name: str = "file") -> None:
         sink = kafka_sink(
             os.environ["KAFKA_BOOTSTRAP_SERVERS"], os.environ["SCHEMA_REGISTRY_URL"], "cg"
         )
+    elif sink_name == "nats":
+        # the nats-server of .services/env, a stream of a fresh prefix (deleted after)
+        sink = nats_sink(os.environ["NATS_URL"], "cg")
     elif sink_name == "null":
         # the source side alone: decoding and the changelog, every record discarded
         from pg2sink.sinks.null import NullSink
@@ -181,6 +188,8 @@ def replay(frames_file: Path, out: Path, sink_name: str = "file") -> None:
         sink = FileSink(str(out))
     sink.open()
     replay_frames(frames, RecordedCatalog(saved["catalog"]), sink)
+    if sink_name == "nats":
+        asyncio.run(_delete_nats_stream(os.environ["NATS_URL"], sink.cfg.stream))
 
 
 def kafka_sink(bootstrap: str, registry: str, prefix: str) -> Any:
@@ -200,6 +209,28 @@ def kafka_sink(bootstrap: str, registry: str, prefix: str) -> Any:
         schema_registry_url=registry,
     )
     return KafkaSink(cfg)
+
+
+def nats_sink(url: str, prefix: str) -> Any:
+    """A NATS sink (JSON) into the stream of a fresh subject prefix; not opened."""
+    import uuid
+
+    from pg2sink.sinks.nats.config import NatsConfig
+    from pg2sink.sinks.nats.sink import NatsSink
+
+    return NatsSink(
+        NatsConfig(nats_url=url, nats_subject_prefix=f"{prefix}_{uuid.uuid4().hex[:8]}")
+    )
+
+
+async def _delete_nats_stream(url: str, stream: str) -> None:
+    import nats
+
+    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    try:
+        await nc.jetstream(timeout=5).delete_stream(stream)
+    finally:
+        await nc.close()
 
 
 def capture(directory: Path, sizes: Sequence[int]) -> None:

@@ -54,7 +54,7 @@ from pg2sink.changelog import _cmodule
 from pg2sink.changelog.pgvalues import JsonNumber
 from pg2sink.logical.messages import UnchangedToast
 
-__all__ = ["LINE_OPTIONS", "default", "dumps", "dumps_line", "loads", "python_default"]
+__all__ = ["LINE_OPTIONS", "OPTIONS", "default", "dumps", "dumps_line", "loads", "python_default"]
 
 _UNCHANGED_TOAST_JSON = {"unchanged_toast": True}
 
@@ -103,14 +103,14 @@ if _cmodule.ROWS is not None:
     _cmodule.ROWS.install_default(orjson.Fragment, python_default)
     default = _cmodule.ROWS.json_default
 
-_OPTIONS = orjson.OPT_UTC_Z
-#: orjson options of `dumps_line`, for callers that inline it on a hot path
+#: orjson options of `dumps` and `dumps_line`, for callers that inline them on a hot path
+OPTIONS = orjson.OPT_UTC_Z
 LINE_OPTIONS = orjson.OPT_UTC_Z | orjson.OPT_APPEND_NEWLINE
 
 
 def dumps(obj: object) -> bytes:
     """`obj` as one line of UTF-8 JSON (no trailing newline), as the table above says."""
-    return orjson.dumps(obj, default=default, option=_OPTIONS)
+    return orjson.dumps(obj, default=default, option=OPTIONS)
 
 
 def dumps_line(obj: object) -> bytes:

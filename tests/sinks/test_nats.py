@@ -323,6 +323,40 @@ def test_records_arrive_on_their_subjects_with_their_lines(
     ]
 
 
+def test_the_new_row_shortcut_stores_what_write_stores(
+    nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
+) -> None:
+    """write_new_row (the changelog's fast path, no Modification built) publishes the
+    bytes `write` publishes for the same change: subject, Nats-Msg-Id and payload."""
+    schema = table_schema("t")
+    changes = [
+        Modification(T, 0, 2001, 9, Operation.INSERT, "public", "t", None, {"id": 1, "v": "é"}),
+        Modification(T, 1, 2001, 9, Operation.UPDATE, "public", "t", {"id": 1}, {"id": 2}),
+    ]
+    with opened(nats_cfg) as sink:
+        sink.write(schema)
+        for m in changes:
+            sink.write(m)
+        for m in changes:
+            sink.write_new_row(
+                m.timestamp, m.sequence + 2, m.lsn, m.xid, m.operation, m.namespace, m.name,
+                m.after, m.before,
+            )  # fmt: skip
+        sink.checkpoint(2100)
+        assert sink.flush() == 2100
+    got = stored(nats_url, topic_prefix)[1:]
+    assert len(got) == 4
+    for by_write, by_shortcut in zip(got[:2], got[2:], strict=True):
+        assert by_shortcut.subject == by_write.subject
+        lsn, sequence, subject = by_write.headers["Nats-Msg-Id"].split(":", 2)
+        assert by_shortcut.headers["Nats-Msg-Id"] == f"{lsn}:{int(sequence) + 2}:{subject}"
+        assert by_shortcut.value == {**by_write.value, "sequence": by_write.value["sequence"] + 2}
+        # byte for byte, but for the sequence's digit
+        assert by_shortcut.data == by_write.data.replace(
+            b'"sequence":%s' % sequence.encode(), b'"sequence":%d' % (int(sequence) + 2)
+        )
+
+
 def test_checkpoints_follow_the_acks_and_a_replay_is_stored_once(
     nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
 ) -> None:

@@ -2,7 +2,9 @@
 acknowledged it and everything before it.
 
 Per record (subjects and message ids: subjects.py; payloads: payload.py):
-- Modification: the JSON line of the change to `<prefix>.<schema>.<table>`.
+- Modification: the JSON line of the change to `<prefix>.<schema>.<table>`. With the
+  default --format json an Insert's or Update's new row comes through `write_new_row`
+  (sinks.base.WritesNewRows) without a Modification record, as in the file sink.
 - Schema: its JSON line to `<prefix>.<schema>.<table>.schema` (not with imports' rows:
   the import's driver published it once).
 - Message (--messages): its JSON line to `<prefix>.messages`.
@@ -39,14 +41,16 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
+from datetime import datetime
 
 from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.jsonlines import NewRowLines
 from pg2sink.changelog.records import Message, Modification, Operation, Record, Schema, Truncation
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.options import format_duration
 from pg2sink.sinks.nats.client import Outgoing, Publisher
 from pg2sink.sinks.nats.config import NatsConfig, subject_problem
-from pg2sink.sinks.nats.payload import Payload, payload_for
+from pg2sink.sinks.nats.payload import JsonPayload, Payload, payload_for
 from pg2sink.sinks.nats.subjects import MESSAGES, table_subject
 from pg2sink.sinks.nats.wire import NO_HEADERS, msg_id_header
 
@@ -109,6 +113,9 @@ class NatsSink:
         self._acknowledged: int | None = None
         #: when the oldest message still waiting was handed over, if nothing waited then
         self._waiting_since = 0.0
+        #: the JSON payloads of changes given by their fields (write_new_row), when the
+        #: payload is pg2sink's JSON
+        self._lines = NewRowLines(newline=False) if type(self._payload) is JsonPayload else None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -169,6 +176,35 @@ class NatsSink:
             if self._schemas:
                 header = _header(record.lsn, table.schema_subject)
                 self._put(table.schema_subject, self._payload.schema(record), header)
+
+    def write_new_row(
+        self,
+        timestamp: datetime,
+        sequence: int,
+        lsn: int,
+        xid: int,
+        operation: Operation,
+        namespace: str,
+        name: str,
+        after: dict[str, object] | None,
+        before: dict[str, object] | None = None,
+    ) -> None:
+        """`write(Modification(timestamp, ..., name, before, after))` without the record:
+        the changelog's fast path calls this for each Insert and Update (ChangelogBuilder's
+        `emit_new_row`); the same message `write` publishes, byte for byte."""
+        lines = self._lines
+        table = self._tables.get((namespace, name))
+        if lines is None or table is None or operation is Operation.IMPORT:
+            # another --format, or what `write` reports or treats apart
+            m = Modification(
+                timestamp, sequence, lsn, xid, operation, namespace, name, before, after
+            )
+            self.write(m)
+            return
+        payload = lines.encode(
+            timestamp, sequence, lsn, xid, operation, namespace, name, after, before
+        )
+        self._put(table.subject, payload, _CHANGE_HEADER % (lsn, sequence, table.subject))
 
     def publish(
         self,
