@@ -253,19 +253,51 @@ def test_every_code_point_is_escaped_as_orjson_does(tmp_path: Path) -> None:
     assert fast == write(job, batches, tmp_path / "reference.jsonl", vectorised=False)
 
 
+def test_fixed_width_columns_equal_the_reference(tmp_path: Path) -> None:
+    """NULL-free date and time columns whose values all have one width take
+    column_bytes.fixed_datetimes; a value it cannot vouch for (an offset other than +00,
+    which PostgreSQL never prints with TimeZone=UTC but the converter reads) is redone."""
+    oids = {"timestamptz": 1184, "timestamp": 1114, "date": 1082, "text": 25, "int8": 20}
+    types = tuple(
+        PgType(oid=oids[t], name=t, namespace="pg_catalog", kind="b", category="X")
+        for t in ("int8", "timestamptz", "timestamp", "date", "text")
+    )
+    job = job_for(["id", "tz", "ts", "d", "t"], types, (-1,) * 5)
+    rows: list[list[str | None]] = [
+        ["1", "2024-01-01 10:00:00+00", "2024-01-01 10:00:00", "2024-02-29", "plain é"],
+        ["2", "0001-12-31 23:59:59+00", "1999-12-31 23:59:59", "0001-01-01", ""],
+        ["3", "2024-06-30 23:59:59+05", "2000-02-29 00:00:00", "9999-12-31", "\u2028"],
+    ]
+    batches = batches_of(rows, [2, 1])
+    fast = write(job, batches, tmp_path / "fast.jsonl", vectorised=True)
+    assert fast == write(job, batches, tmp_path / "reference.jsonl", vectorised=False)
+    assert fast == stream_lines(job, rows)
+    # the offset converted to Z; U+2028 needs no escape and is written as it is
+    assert b'"tz":"2024-06-30T18:59:59Z"' in fast and '"t":"\u2028"'.encode() in fast
+
+
 @pytest.mark.parametrize(
     ("type_", "bad"),
-    [("bool", "x"), ("int8", "12a"), ("timestamptz", "2024-13-45 25:00:00+00"), ("date", "soon")],
+    [
+        ("bool", "x"),
+        ("int8", "12a"),
+        ("timestamptz", "2024-13-45 25:00:00+00"),
+        ("date", "soon"),
+        ("date", "2024-13-45"),
+    ],
 )
+@pytest.mark.parametrize("with_null", [True, False])
 def test_a_rejected_value_raises_the_reference_decode_error(
-    tmp_path: Path, type_: str, bad: str
+    tmp_path: Path, type_: str, bad: str, with_null: bool
 ) -> None:
     oids = {"bool": 16, "int8": 20, "timestamptz": 1184, "date": 1082}
     t = PgType(oid=oids[type_], name=type_, namespace="pg_catalog", kind="b", category="X")
     int8 = PgType(oid=20, name="int8", namespace="pg_catalog", kind="b", category="N")
     job = job_for(["id", "v"], (int8, t), (-1, -1))
     good = COLUMNS[{"bool": "b", "int8": "i8", "timestamptz": "tz", "date": "d"}[type_]][1][0]
-    batches = batches_of([["1", good], ["2", None], ["3", bad]], [])
+    # without a NULL, a column of one width goes through column_bytes.fixed_datetimes
+    rows: list[list[str | None]] = [["1", good], *([["2", None]] if with_null else []), ["3", bad]]
+    batches = batches_of(rows, [])
     errors = []
     for vectorised in (True, False):
         with pytest.raises(DecodeError) as failed:

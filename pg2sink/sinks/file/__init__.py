@@ -5,6 +5,7 @@ sink.py         FileSink: buffered appends, background fsyncs, acknowledgements
 append.py       whole lines under the file's lock; a line torn by a crash is cut
 imports.py      the import writer: executors append an import's rows themselves
 arrow_lines.py  an import batch's JSON lines built column-wise by Arrow kernels
+column_bytes.py the text and whole-second date/time columns of those lines, on their bytes
 """
 
 from __future__ import annotations

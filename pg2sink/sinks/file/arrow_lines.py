@@ -12,9 +12,16 @@ row. `LineBuilder` builds the same bytes a column at a time instead:
    | int, long (int2, int4, int8, oid, xid, cid)| the text as is                           |
    | boolean (bool)                             | true / false                             |
    | numeric, decimal, float, double            | the text as is (a raw number)            |
-   | text, uuid (text, varchar, json, enum, ...)| one orjson call over the column's values |
+   | text, uuid (text, varchar, json, enum, ...)| the text as is when nothing in the column|
+   |                                            | needs escaping, else one orjson call over|
+   |                                            | the column's values                      |
    | date, time, timestamp, timestamptz         | the text reshaped: "2024-01-01T10:00:00Z"|
+   |                                            | (whole seconds, no NULL: on the bytes)   |
    | anything else (bytes, arrays)              | the converter and orjson, per value      |
+
+   The text and whole-second cases work on the column's bytes with numpy
+   (column_bytes.py): measured in-process on bench-import's columns, 0.45 -> 0.32 us
+   of CPU per row for the whole line.
 
    A vectorised form is used only for the text it is exact for, checked per value
    (a regular expression for dates and times, the last character for numbers, ...);
@@ -28,7 +35,7 @@ row. `LineBuilder` builds the same bytes a column at a time instead:
 The lines are byte for byte the stream's (tests/sinks/test_file_arrow_lines.py compares
 both on PostgreSQL's text for every type family). Text is escaped by orjson itself,
 over a whole column in one call: the list's JSON is cut into the values' JSON at each
-'","' (see `_text`), so no escaping rule is written twice.
+'","' (see `_orjson_text`), so no escaping rule is written twice.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from pg2sink.changelog.codecs import Kind
 from pg2sink.changelog.jsonenc import default, dumps
+from pg2sink.sinks.file.column_bytes import fixed_datetimes, needs_no_escape
 
 __all__ = ["LineBuilder"]
 
@@ -110,6 +118,14 @@ _MAX_OFFSET = 2**31 - 1
 
 
 def _text(column: pa.Array) -> _Fragments:
+    """A column that needs no escaping is its values, between quotes that join the line's
+    constants (column_bytes.needs_no_escape); any other goes through orjson."""
+    if needs_no_escape(column):
+        return _Fragments(column, '"', '"')
+    return _orjson_text(column)
+
+
+def _orjson_text(column: pa.Array) -> _Fragments:
     """orjson writes the column's values as one JSON list of strings, then the list is cut
     into the items' JSON (quotes included) by Arrow offsets into that one buffer.
 
@@ -165,18 +181,36 @@ def _iso_datetime(column: pa.Array, suffix: int) -> pa.Array:
     return _six_digits(pc.replace_substring(body, " ", "T", max_replacements=1), 19)
 
 
+def _fixed(column: pa.Array, width: int, tail: bytes, after: str) -> _Fragments | None:
+    """A column of whole seconds (or dates) at one width, by column_bytes.fixed_datetimes."""
+    found = fixed_datetimes(column, width, tail)
+    if found is None:
+        return None
+    values, redo = found
+    return _Fragments(values, '"', after, pa.array(redo) if redo.any() else None)
+
+
 def _timestamptz(column: pa.Array) -> _Fragments:
     # TimeZone=UTC: '+00', which orjson writes as Z (OPT_UTC_Z)
+    fixed = _fixed(column, 22, b"+00", 'Z"')
+    if fixed is not None:
+        return fixed
     exact = pc.match_substring_regex(column, _TIMESTAMP + r"\+00$")
     return _Fragments(_iso_datetime(column, 3), '"', 'Z"', _redo_unless(column, exact))
 
 
 def _timestamp(column: pa.Array) -> _Fragments:
+    fixed = _fixed(column, 19, b"", '"')
+    if fixed is not None:
+        return fixed
     exact = pc.match_substring_regex(column, _TIMESTAMP + "$")
     return _Fragments(_iso_datetime(column, 0), '"', '"', _redo_unless(column, exact))
 
 
 def _date(column: pa.Array) -> _Fragments:
+    fixed = _fixed(column, 10, b"", '"')
+    if fixed is not None:
+        return fixed
     exact = pc.match_substring_regex(column, "^" + _DATE + "$")
     return _Fragments(column, '"', '"', _redo_unless(column, exact))
 
