@@ -9,8 +9,11 @@ JetStream answers with its PubAck once the message is stored (or with an error);
 subscription to `<inbox>.*.*` receives them all (no future, no timer per message), and
 up to CHUNK messages go out in one write (wire.py: the frames, and the replies taken
 from nats-py's parser). The acknowledged count is the number of messages acknowledged
-with no gap before them (acks come back in order; one that overtakes another waits in a
-set).
+with no gap before them: acks come back in order, and the serials of a read's run of
+successful PubAcks that follow the count with no gap advance it in one step; any other
+reply is read alone, and an ack that overtakes another waits in a set. The messages
+sent are kept by write (chunk), with their payloads' cumulative sizes, so that the
+acknowledged bytes are one lookup.
 
 Generations: after a failure the sink starts over (PostgreSQL replays from the last
 confirmed position) under a new generation; acks of the messages of an older one are
@@ -41,6 +44,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from itertools import accumulate
 from typing import Any, TypeVar
 
 import nats.errors
@@ -50,14 +54,11 @@ from nats.js.api import StorageType, StreamConfig
 
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.sinks.nats.config import NatsConfig, shown_url
-from pg2sink.sinks.nats.wire import AckClient, ack_error, frame
+from pg2sink.sinks.nats.wire import AckClient, Outgoing, ack_error, frames
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Outgoing", "Publisher"]
-
-#: One message: its subject, its payload and its header block (wire.msg_id_header).
-Outgoing = tuple[bytes, bytes, bytes]
 
 #: Longest wait for the first connection and the stream's creation, in seconds.
 CONNECT_WAIT = 10.0
@@ -92,7 +93,7 @@ class Publisher:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pg2sink-nats")
         self._thread.daemon = True  # a stuck server must not keep the process alive
-        self._nc: Client | None = None
+        self._nc: AckClient | None = None
         self._inbox = b""
         #: `<inbox>.<generation>.`: the start of this generation's reply subjects
         self._reply = b""
@@ -108,14 +109,19 @@ class Publisher:
         """When the connection was lost, while it is (None: connected)."""
         # the loop thread's own
         self._generation = 0
-        self._queue: deque[Outgoing] = deque()
+        #: the messages to publish, in order
+        self._queue: list[Outgoing] = []
         #: what the sink's thread submitted and the loop has not taken yet, and whether
         #: the loop has been woken to take it
         self._submitted: deque[tuple[int, Sequence[Outgoing]]] = deque()
         self._woken = False
-        #: the messages sent and not yet acknowledged, in serial order from acked[1]
-        self._unacked: deque[Outgoing] = deque()
+        #: the writes not wholly acknowledged (and the last one), oldest first: (serial of
+        #: the first message, the messages, the payload bytes sent before each message
+        #: of this generation and after the last)
+        self._in_flight: deque[tuple[int, list[Outgoing], list[int]]] = deque()
+        #: messages sent in this generation, and their payload bytes
         self._sent = 0
+        self._sent_bytes = 0
         self._early: set[int] = set()
         self._pump: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
@@ -199,8 +205,16 @@ class Publisher:
             await nc.close()  # not ours yet: its closing is no news
             raise
         self._nc, self._connection, self._inbox = nc, connection, inbox
-        self._reply = b"%s%d." % (inbox, self._generation)
+        self._set_reply()
         log.debug("connected to NATS at %s", self.url)
+
+    def _set_reply(self) -> None:
+        """The reply subjects' start of this connection and generation; their successful
+        PubAcks are read a run at once (a late one of another connection or generation
+        does not match it, and takes the exact path, which ignores it)."""
+        self._reply = b"%s%d." % (self._inbox, self._generation)
+        if self._nc is not None:
+            self._nc.expect_acks(self._reply, self.cfg.stream, self._on_acks)
 
     async def _new_client(self, disconnected: Callable[[], Awaitable[None]]) -> AckClient:
         cfg = self.cfg
@@ -299,9 +313,9 @@ class Publisher:
             self._restart(generation)
         if self.failure is not None and self.failure[0] == generation:
             return  # nothing is published after a failure
-        if not self._unacked and not self._queue:
+        if self._sent == self.acked[1] and not self._queue:
             self.progress_at = time.monotonic()  # waiting starts now
-        self._queue.extend(batch)
+        self._queue += batch
         self._publish_soon()
 
     def _publish_soon(self) -> None:
@@ -313,15 +327,15 @@ class Publisher:
         """A new generation: forget the last one's messages (the replay sends them)."""
         self._generation = generation
         self._queue.clear()
-        self._unacked.clear()
-        self._sent = 0
+        self._in_flight.clear()
+        self._sent = self._sent_bytes = 0
         self._early.clear()
-        self._reply = b"%s%d." % (self._inbox, generation)
+        self._set_reply()
         self.acked = (generation, 0, 0)
         self.progress_at = time.monotonic()
 
     async def _publish_queue(self) -> None:
-        queue, unacked = self._queue, self._unacked
+        queue = self._queue
         while queue and self.away_since is None:
             # the connection of the moment: one that replaced a lost one while this task
             # waited in nats-py goes on with the queue _reconnect rebuilt
@@ -333,30 +347,34 @@ class Publisher:
             # full pending buffer) starts the next generation's serials at 0 all the same
             generation, serial, reply = self._generation, self._sent, self._reply
             limit = nc.max_payload
-            parts: list[bytes] = []
+            chunk = queue[:CHUNK]
+            subjects, payloads, headers = zip(*chunk, strict=True)
+            sizes = list(map(len, payloads))
             too_large: Outgoing | None = None
-            for _ in range(min(len(queue), CHUNK)):
-                message = queue[0]
-                subject, payload, header = message
-                if len(header) + len(payload) > limit:
-                    too_large = message
-                    break
-                queue.popleft()
-                parts += (frame(subject, b"%s%d" % (reply, serial), header, payload), header)
-                parts += (payload, b"\r\n")
-                unacked.append(message)
-                serial += 1
-            self._sent = serial
-            if parts:
+            if max(sizes) + max(map(len, headers)) > limit:
+                for i, (_, payload, header) in enumerate(chunk):
+                    if len(header) + len(payload) > limit:
+                        too_large, chunk = chunk[i], chunk[:i]
+                        subjects, payloads, headers = subjects[:i], payloads[:i], headers[:i]
+                        break
+            if chunk:
+                del queue[: len(chunk)]
+                self._keep(chunk, sizes[: len(chunk)])
                 # one piece in nats-py's pending buffer, written in order with its own
-                # commands; a lost connection leaves the messages among the
-                # unacknowledged, which _reconnect sends again in order
-                await nc._send_command(b"".join(parts))
+                # commands; a lost connection leaves the messages in flight, which
+                # _reconnect sends again in order
+                await nc._send_command(frames(subjects, payloads, headers, reply, serial))
                 await nc._flush_pending()
             if too_large is not None:
                 if generation == self._generation:
                     self._fail(self._too_large(too_large, limit))
                 return
+
+    def _keep(self, messages: list[Outgoing], sizes: list[int]) -> None:
+        """Keep messages sent (with their payloads' sizes) until they are acknowledged."""
+        ends = list(accumulate(sizes, initial=self._sent_bytes))
+        self._in_flight.append((self._sent, messages, ends))
+        self._sent, self._sent_bytes = self._sent + len(messages), ends[-1]
 
     def _too_large(self, message: Outgoing, limit: int) -> SinkError:
         """The error of a message over the server's max_payload (which would end the
@@ -386,21 +404,55 @@ class Publisher:
         else:
             self._fail(SinkError(f"JetStream refused a message: {error}"))
 
+    def _on_acks(self, reply: bytes, serials: list[bytes]) -> None:
+        """A read's run of successful PubAcks (wire.AckParser): the serials after `reply`."""
+        if reply != self._reply:
+            return  # of a connection or generation replaced since
+        count, n = self.acked[1], len(serials)
+        if (
+            self._early
+            or count + n > self._sent
+            or b".".join(serials) != ".".join(map(str, range(count, count + n))).encode()
+        ):
+            for serial in serials:  # not the n messages after the count, in order
+                self._acknowledge(int(serial))
+            return
+        count += n
+        self.acked = (self._generation, count, self._acked_bytes(count))
+        self.progress_at = time.monotonic()
+
     def _acknowledge(self, serial: int) -> None:
-        _, count, size = self.acked
-        if serial != count:
-            if serial > count:
+        """One message's PubAck."""
+        count = self.acked[1]
+        if serial != count or serial >= self._sent:
+            if count < serial < self._sent:
                 self._early.add(serial)
-            return  # ahead of a gap, or a repeat's answer
-        early, unacked = self._early, self._unacked
+            return  # ahead of a gap, a repeat's answer (or not a serial sent)
+        early = self._early
         count += 1
-        size += len(unacked.popleft()[1])
         while count in early:
             early.remove(count)
             count += 1
-            size += len(unacked.popleft()[1])
-        self.acked = (self._generation, count, size)
+        self.acked = (self._generation, count, self._acked_bytes(count))
         self.progress_at = time.monotonic()
+
+    def _acked_bytes(self, count: int) -> int:
+        """The payload bytes of the first `count` messages sent (count > the acknowledged
+        count, <= those sent); drops the writes acknowledged in whole."""
+        in_flight = self._in_flight
+        while True:
+            first, messages, ends = in_flight[0]
+            if count - first < len(messages) or len(in_flight) == 1:
+                return ends[count - first]
+            in_flight.popleft()
+
+    def _unacknowledged(self) -> list[Outgoing]:
+        """The messages sent and not acknowledged, in their order."""
+        count = self.acked[1]
+        left: list[Outgoing] = []
+        for first, messages, _ in self._in_flight:
+            left += messages[max(count - first, 0) :]
+        return left
 
     def _fail(self, error: SinkError) -> None:
         """End this generation: nothing after the failure is published or acknowledged."""
@@ -443,12 +495,13 @@ class Publisher:
                 log.debug("NATS at %s: %s", self.url, _reason(e))
                 await asyncio.sleep(RECONNECT_WAIT)
         away = time.monotonic() - (self.away_since or 0.0)
-        resent = len(self._unacked)
+        unacknowledged = self._unacknowledged()
+        resent = len(unacknowledged)
         # same serials, same order: the acknowledged count goes on where it stopped
-        self._queue.extendleft(reversed(self._unacked))
-        self._unacked.clear()
+        self._queue[:0] = unacknowledged
+        self._in_flight.clear()
         self._early.clear()
-        self._sent = self.acked[1]
+        _, self._sent, self._sent_bytes = self.acked
         self.away_since = None
         self.progress_at = time.monotonic()
         log.info(
