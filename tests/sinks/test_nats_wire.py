@@ -19,11 +19,16 @@ SIZES = [1, 10, 100, 1000, 10000]
 
 def test_frames_are_the_protocols_hpub() -> None:
     header = b"NATS/1.0\r\nNats-Msg-Id: 1:a\r\n\r\n"
-    got = frames([b"p.a", b"p.b"], [b"{}", b"[1]"], [header, b"NATS/1.0\r\n\r\n"], b"_I.%1.", 5)
-    assert got == (
-        b"HPUB p.a _I.%1.5 30 32\r\n" + header + b"{}\r\n"
-        b"HPUB p.b _I.%1.6 12 15\r\nNATS/1.0\r\n\r\n[1]\r\n"
-    )
+    large = b"x" * 10_000  # beyond the table of sizes
+    for payload, size in ((b"[1]", b"15"), (large, b"10012")):
+        columns = ([b"p.a", b"p.b"], [b"{}", payload], [header, b"NATS/1.0\r\n\r\n"])
+        header_sizes = [len(h) for h in columns[2]]
+        sizes = [h + len(p) for h, p in zip(header_sizes, columns[1], strict=True)]
+        got = frames(*columns, header_sizes, sizes, b"_I.%1.", 5)
+        assert got == (
+            b"HPUB p.a _I.%1.5 30 32\r\n" + header + b"{}\r\n"
+            b"HPUB p.b _I.%1.6 12 " + size + b"\r\nNATS/1.0\r\n\r\n" + payload + b"\r\n"
+        )
 
 
 def pub_ack(subject: bytes, seq: int, extra: bytes = b"", stream: bytes = b"S") -> bytes:

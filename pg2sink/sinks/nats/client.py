@@ -45,6 +45,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from itertools import accumulate
+from operator import add
 from typing import Any, TypeVar
 
 import nats.errors
@@ -349,21 +350,23 @@ class Publisher:
             limit = nc.max_payload
             chunk = queue[:CHUNK]
             subjects, payloads, headers = zip(*chunk, strict=True)
-            sizes = list(map(len, payloads))
+            payload_sizes = list(map(len, payloads))
+            header_sizes = list(map(len, headers))
+            sizes = list(map(add, header_sizes, payload_sizes))
             too_large: Outgoing | None = None
-            if max(sizes) + max(map(len, headers)) > limit:
-                for i, (_, payload, header) in enumerate(chunk):
-                    if len(header) + len(payload) > limit:
-                        too_large, chunk = chunk[i], chunk[:i]
-                        subjects, payloads, headers = subjects[:i], payloads[:i], headers[:i]
-                        break
+            if max(sizes) > limit:  # the messages before the first too large go
+                n = next(i for i, size in enumerate(sizes) if size > limit)
+                too_large, chunk = chunk[n], chunk[:n]
+                subjects, payloads, headers = subjects[:n], payloads[:n], headers[:n]
+                payload_sizes, header_sizes, sizes = payload_sizes[:n], header_sizes[:n], sizes[:n]
             if chunk:
                 del queue[: len(chunk)]
-                self._keep(chunk, sizes[: len(chunk)])
+                self._keep(chunk, payload_sizes)
                 # one piece in nats-py's pending buffer, written in order with its own
                 # commands; a lost connection leaves the messages in flight, which
                 # _reconnect sends again in order
-                await nc._send_command(frames(subjects, payloads, headers, reply, serial))
+                piece = frames(subjects, payloads, headers, header_sizes, sizes, reply, serial)
+                await nc._send_command(piece)
                 await nc._flush_pending()
             if too_large is not None:
                 if generation == self._generation:
@@ -412,7 +415,7 @@ class Publisher:
         if (
             self._early
             or count + n > self._sent
-            or b".".join(serials) != ".".join(map(str, range(count, count + n))).encode()
+            or list(map(int, serials)) != list(range(count, count + n))
         ):
             for serial in serials:  # not the n messages after the count, in order
                 self._acknowledge(int(serial))
