@@ -11,6 +11,18 @@ calls `commit(records, lsn)`; `acknowledged()` is the LSN of the last commit tha
 returned, so PostgreSQL is never told of a change the sink does not hold. A commit's
 SinkError fails the sink: every later call raises it.
 
+Outages: a commit that raises SinkUnavailableError (its server unreachable, or answering
+5xx) is called again with the same records and LSN, after 1 s, 2 s, 4 s ... up to
+RETRY_MAX_WAIT, for as long as the outage lasts: the sink must load nothing twice when
+called again (BigQuery: the batch's deterministic job ids). One WARNING when an outage
+starts, one INFO when the commit goes through. Meanwhile the stream goes on: `flush()`
+does not wait for the retried commit (it returns what is acknowledged), nothing new is
+acknowledged, and a batch grown to `max_records` behind it raises SinkUnavailableError
+after dropping what the batch held (the service reconnects once the wait is over and
+PostgreSQL sends those transactions again), so memory holds two batches at most.
+`stop()` ends the retries: what the commit held is not acknowledged, so the next start
+sends it again.
+
 Chunks (a sink that gives `Chunks`): a transaction of `chunk_records` records is not held
 whole. The batch before it is committed first; then its records go to `Chunks.write_chunk` a
 chunk at a time on the background thread (one chunk written while the next is held),
@@ -23,12 +35,15 @@ turns out to be one the sink has, or the sink closes before its commit.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Protocol
 
 from pg2sink.changelog.records import Message, Modification, Record, Schema
-from pg2sink.errors import SinkError
+from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.logical.lsn import format_lsn
 
 __all__ = ["RECORD_BYTES", "BackgroundCommits", "Chunks"]
@@ -37,6 +52,12 @@ log = logging.getLogger(__name__)
 
 #: pending_bytes' estimate of a record held in memory
 RECORD_BYTES = 256
+#: the waits between attempts of a commit in an outage double from the first to the
+#: longest (short: each attempt has already waited out the client's own retries)
+RETRY_FIRST_WAIT = 1.0
+RETRY_MAX_WAIT = 10.0
+#: how often a wait for the commit in flight looks whether an outage began
+_WAIT_POLL = 0.2
 
 
 class Chunks(Protocol):
@@ -81,7 +102,13 @@ class BackgroundCommits:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._in_flight: Future[int] | None = None
         self._in_flight_records = 0
+        #: the LSN the commit in flight is of
+        self._in_flight_lsn = 0
         self.failed: SinkError | None = None
+        #: the commit in flight waits for its server to come back (set by the background
+        #: thread while it retries)
+        self.outage: SinkUnavailableError | None = None
+        self._stopping = threading.Event()
         #: the open transaction went to Chunks.write; the Schema records of its chunks
         #: (kept when it starts again); the chunk being written
         self._chunking = False
@@ -119,8 +146,7 @@ class BackgroundCommits:
             self._wait_chunk()
             self._chunking, self._chunked_schemas = False, []
             self._taken = lsn
-            self._in_flight_records = len(pending)
-            self._in_flight = self._worker.submit(self._commit, pending, lsn)
+            self._submit(pending, lsn)
             return
         if lsn <= self._taken:
             self.drop_chunks()  # a transaction in chunks that the sink has already
@@ -139,6 +165,12 @@ class BackgroundCommits:
             # the sink is behind: wait for its commit and hand it this batch, so memory
             # holds two batches at most (the stream waits meanwhile)
             self._wait()
+            if self.outage is not None:
+                self._drop_batch()
+                raise SinkUnavailableError(
+                    f"{self.outage} (a full batch waits behind it: the stream starts again "
+                    "from the last confirmed LSN once it is loaded)"
+                )
             self.start_flush()
 
     def start_flush(self) -> None:
@@ -148,11 +180,11 @@ class BackgroundCommits:
             return
         batch, lsn = self._batch, self._batch_lsn
         self._batch, self._batch_lsn = [], 0
-        self._in_flight_records = len(batch)
-        self._in_flight = self._worker.submit(self._commit, batch, lsn)
+        self._submit(batch, lsn)
 
     def flush(self) -> int | None:
-        """Commit everything checkpointed, waiting for it."""
+        """Commit everything checkpointed, waiting for it (not while the commit in flight
+        waits out an outage: then what is acknowledged so far)."""
         self._wait()
         if self._batch_lsn:
             self.start_flush()
@@ -177,8 +209,65 @@ class BackgroundCommits:
         self._worker.submit(self._chunks.drop_chunks).result()
 
     def stop(self) -> None:
-        """Wait for the background thread and end it."""
+        """End the retries of a commit in an outage, wait for the background thread and
+        end it."""
+        self._stopping.set()
         self._worker.shutdown(wait=True)
+
+    def _submit(self, records: list[Record], lsn: int) -> None:
+        self._in_flight_records, self._in_flight_lsn = len(records), lsn
+        self._in_flight = self._worker.submit(self._retried, records, lsn)
+
+    def _retried(self, records: list[Record], lsn: int) -> int:
+        """`commit(records, lsn)` on the background thread, called again after a wait
+        while it raises SinkUnavailableError, until it returns, raises another error or
+        the sink stops (module docstring: Outages)."""
+        wait, failures, since = RETRY_FIRST_WAIT, 0, time.monotonic()
+        while True:
+            try:
+                done = self._commit(records, lsn)
+            except SinkUnavailableError as e:
+                failures += 1
+                if self.outage is None:
+                    since = time.monotonic()
+                    log.warning(
+                        "%s; retrying with backoff until it answers (nothing after LSN %s "
+                        "is confirmed meanwhile)",
+                        e,
+                        format_lsn(self._acked or self.stored),
+                    )
+                else:
+                    log.debug("still unavailable: %s", e)
+                self.outage = e
+                if self._stopping.wait(wait):
+                    log.warning(
+                        "stopped while the sink was unavailable: the changes after LSN %s "
+                        "are sent again at the next start",
+                        format_lsn(self._acked or self.stored),
+                    )
+                    raise
+                wait = min(wait * 2, RETRY_MAX_WAIT)
+                continue
+            except SinkError:
+                self.outage = None
+                raise
+            if self.outage is not None:
+                self.outage = None
+                log.info(
+                    "the sink answers again after %.1fs (%d failed attempt%s): committed up "
+                    "to LSN %s",
+                    time.monotonic() - since,
+                    failures,
+                    "" if failures == 1 else "s",
+                    format_lsn(done),
+                )
+            return done
+
+    def _drop_batch(self) -> None:
+        """Forget the batch and the open transaction (a full batch in an outage): the
+        stream sends them again after the commit in flight."""
+        self._batch, self._batch_lsn, self._pending, self._sequence = [], 0, [], -1
+        self._taken = self._in_flight_lsn
 
     def _write_chunk(self) -> None:
         """The held records of the open transaction to Chunks.write_chunk on the background
@@ -221,6 +310,9 @@ class BackgroundCommits:
             self._acked = lsn
 
     def _wait(self) -> None:
-        if self._in_flight is not None:
-            self._in_flight.exception()
+        """Wait for the commit in flight (unless it waits out an outage) and take its
+        result."""
+        done = self._in_flight
+        while done is not None and not done.done() and self.outage is None:
+            wait_futures([done], timeout=_WAIT_POLL)
         self._collect()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pg2sink.errors import ConfigError
-from pg2sink.options import flag
+from pg2sink.options import duration, flag
 
 GROUP = "bigquery sink (--sink=bigquery)"
 
@@ -49,9 +49,17 @@ class BigQueryConfig:
         "Google credentials it is called anonymously",
         metavar="URL",
     )
+    bigquery_retry_deadline: float = duration(
+        600.0,
+        group=GROUP,
+        help="how long the Google client retries a BigQuery request that fails for want of "
+        "the server (unreachable, 5xx, rate limits) before the sink logs an outage and "
+        "retries the batch itself, with backoff, until BigQuery answers",
+    )
 
     def check(self) -> None:
-        """A project and a dataset of BigQuery's forms; an endpoint is an http(s) URL."""
+        """A project and a dataset of BigQuery's forms; an endpoint is an http(s) URL; a
+        retry deadline above 0."""
         if not self.bigquery_project or not self.bigquery_dataset:
             raise ConfigError("--sink=bigquery needs --bigquery-project and --bigquery-dataset")
         if not _PROJECT.fullmatch(self.bigquery_project):
@@ -66,3 +74,5 @@ class BigQueryConfig:
                 raise ConfigError(
                     f"--bigquery-endpoint {self.bigquery_endpoint!r} is not an http(s) URL"
                 )
+        if not self.bigquery_retry_deadline > 0:
+            raise ConfigError("--bigquery-retry-deadline must be more than 0s")

@@ -10,7 +10,7 @@ through the tables API (`table_schema`), the view with `view_sql`.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pg2sink.sinks.duckdb.layout import (
@@ -27,11 +27,14 @@ from pg2sink.sinks.duckdb.layout import (
 __all__ = [
     "CLUSTERABLE",
     "Field",
+    "alter_sql",
     "bigquery_type",
     "clustering",
     "quote",
+    "retyped",
     "table_fields",
     "view_sql",
+    "widens",
 ]
 
 _DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
@@ -81,6 +84,68 @@ class Field:
     def sql_type(self) -> str:
         """The type in a CAST, which takes no parameters (NUMERIC, not NUMERIC(10, 2))."""
         return f"ARRAY<{self.type}>" if self.repeated else self.type
+
+    def ddl_type(self) -> str:
+        """The type in DDL, with its parameters: NUMERIC(12, 4), ARRAY<BIGNUMERIC(40, 20)>."""
+        base = self.type
+        if self.precision is not None and self.scale is not None:
+            base = f"{base}({self.precision}, {self.scale})"
+        return f"ARRAY<{base}>" if self.repeated else base
+
+
+#: NUMERIC and BIGNUMERIC: their (precision, scale) without parameters
+_DECIMAL_TYPES = {"NUMERIC": (38, 9), "BIGNUMERIC": (76, 38)}
+
+
+def _digits(field: Field) -> tuple[int, int]:
+    """A decimal field's digits before and after the point."""
+    precision, scale = _DECIMAL_TYPES[field.type]
+    if field.precision is not None and field.scale is not None:
+        precision, scale = field.precision, field.scale
+    return precision - scale, scale
+
+
+def widens(old: Field, new: Field) -> bool:
+    """Whether column `old` may become `new` by BigQuery's ALTER COLUMN SET DATA TYPE, every
+    stored value kept: a NUMERIC or BIGNUMERIC whose digits before and after the point
+    both stay or grow (NUMERIC to BIGNUMERIC included, never back), in the same mode.
+    https://cloud.google.com/bigquery/docs/reference/standard-sql/data-definition-language#alter_column_set_data_type_statement
+    (INT64 to NUMERIC is one too, but a PostgreSQL integer never becomes a numeric in
+    the layout: pg2sink.sinks.duckdb.layout.widens)."""
+    if old.type not in _DECIMAL_TYPES or new.type not in _DECIMAL_TYPES:
+        return False
+    if old.repeated != new.repeated or (old.type, new.type) == ("BIGNUMERIC", "NUMERIC"):
+        return False
+    (old_int, old_scale), (new_int, new_scale) = _digits(old), _digits(new)
+    return new_int >= old_int and new_scale >= old_scale
+
+
+def retyped(table: Sequence[Field], wanted: Sequence[Field]) -> list[tuple[Field, Field]]:
+    """The columns of `table` (a raw table's, as BigQuery has them) whose type `wanted`
+    changes, as (old, new): those of a NUMERIC or BIGNUMERIC type on either side (other
+    types are the same for every change the layout accepts, and BigQuery may name them
+    otherwise: INTEGER for INT64)."""
+    have = {f.name: f for f in table}
+    out = []
+    for field in wanted:
+        old = have.get(field.name)
+        if old is None or (old.type not in _DECIMAL_TYPES and field.type not in _DECIMAL_TYPES):
+            continue
+        if (old.type, old.repeated, _digits(old) if old.type in _DECIMAL_TYPES else None) != (
+            field.type,
+            field.repeated,
+            _digits(field) if field.type in _DECIMAL_TYPES else None,
+        ):
+            out.append((old, field))
+    return out
+
+
+def alter_sql(dataset: str, raw: str, field: Field) -> str:
+    """The DDL that gives column `field.name` of raw table `raw` the type of `field`."""
+    return (
+        f"ALTER TABLE {quote(f'{dataset}.{raw}')} ALTER COLUMN {quote(field.name)} "
+        f"SET DATA TYPE {field.ddl_type()}"
+    )
 
 
 def bigquery_type(name: str, duck: str) -> Field:

@@ -10,7 +10,10 @@ state row (slot, LSN, last position) in a load job of its own. `acknowledged()` 
 batch's LSN only once every job is DONE without errors.
 
 Delivery: a batch retried within the process takes the same job ids; a job already DONE
-is not loaded again. After a crash the stream restarts at the slot's confirmed LSN; the
+is not loaded again. BigQuery unreachable or answering 5xx for longer than
+--bigquery-retry-deadline: the batch is retried with backoff until it answers
+(BackgroundCommits), from the layouts and staging tables it started with (every DDL step
+is done once). After a crash the stream restarts at the slot's confirmed LSN; the
 transactions up to the stored LSN are dropped, and the rest are numbered from the stored
 position again, so rows loaded before the crash come again at the same positions, which
 the view reads once.
@@ -57,6 +60,9 @@ class BigQuerySink:
         self._position = 0
         #: the staging tables of imports already in the raw tables
         self._imported: set[str] = set()
+        #: the staging tables a batch (by its LSN) loads: the same when it is retried,
+        #: so its rows get the same positions and job ids
+        self._staged: tuple[int, list[StagedImport]] = (0, [])
         self._commits = BackgroundCommits(self._load, "pg2sink-bigquery", MAX_BATCH_RECORDS)
 
     def use_slot(self, slot: str) -> None:
@@ -92,7 +98,8 @@ class BigQuerySink:
         return self._commits.pending_bytes()
 
     def close(self) -> None:
-        """Load what is checkpointed (unless a load failed), close the client."""
+        """Load what is checkpointed (unless a load failed, or BigQuery is away: then it
+        is sent again at the next start), close the client."""
         try:
             if self._warehouse is not None and self._commits.failed is None:
                 self._commits.flush()
@@ -103,13 +110,25 @@ class BigQuerySink:
                 self._warehouse = None
 
     def _load(self, records: Sequence[Record], lsn: int) -> int:
+        """`_load_batch`; on an error the layouts and names are as before it, so that the
+        batch retried (an outage) evolves them the same way."""
+        layouts, names = dict(self._layouts), set(self._names)
+        try:
+            return self._load_batch(records, lsn)
+        except BaseException:
+            self._layouts, self._names = layouts, names
+            raise
+
+    def _load_batch(self, records: Sequence[Record], lsn: int) -> int:
         """The batch's DDL, its rows per table, then the state row; `lsn` once all are
         DONE."""
         warehouse = self._warehouse
         if warehouse is None:
             raise SinkError("the bigquery sink was not opened")
         start, position = self._commits.stored, self._position
-        staged = warehouse.staged_imports(self._imported)
+        if self._staged[0] != lsn:
+            self._staged = (lsn, warehouse.staged_imports(self._imported))
+        staged = self._staged[1]
         for staged_import in staged:
             position = self._load_import(warehouse, staged_import, position, (start, lsn))
         rows: dict[tuple[str, str], list[tuple[int, Modification]]] = {}

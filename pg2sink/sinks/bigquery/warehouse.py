@@ -5,6 +5,10 @@ A raw table keeps its Layout (the DuckDB sink's, pg2sink.sinks.duckdb.layout) as
 its description, patched together with its schema in one tables.patch, so a restarted
 stream finds the same names and columns. The state table `_pg2sink_state` gets a row
 (slot, LSN, last position) per batch, loaded after the batch's rows.
+
+Every request is retried by the Google client for --bigquery-retry-deadline while it
+fails for want of the server; then it raises SinkUnavailableError (the batch is retried
+by sinks/batching.py). A refusal is a SinkError.
 """
 
 from __future__ import annotations
@@ -26,8 +30,23 @@ from google.cloud import bigquery
 
 from pg2sink.changelog.records import Schema
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.sinks.bigquery.api import (
+    client,
+    field_of,
+    one_line,
+    request_error,
+    schema_fields,
+)
 from pg2sink.sinks.bigquery.config import BigQueryConfig
-from pg2sink.sinks.bigquery.schema import Field, clustering, table_fields, view_sql
+from pg2sink.sinks.bigquery.schema import (
+    Field,
+    alter_sql,
+    clustering,
+    retyped,
+    table_fields,
+    view_sql,
+    widens,
+)
 from pg2sink.sinks.duckdb.imports import LAYOUT_KEY, SCHEMA_KEY, schema_of
 from pg2sink.sinks.duckdb.layout import Layout
 
@@ -60,48 +79,6 @@ class StagedImport:
     """The staging table's columns (imports.staging_layout)."""
 
 
-def client(config: BigQueryConfig) -> bigquery.Client:
-    """A client of the project: Google's default credentials (ADC,
-    GOOGLE_APPLICATION_CREDENTIALS); with --bigquery-endpoint and none found, anonymous."""
-    import google.auth
-    from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials, Credentials
-
-    options = None
-    credentials: Credentials | None = None
-    if config.bigquery_endpoint:
-        options = ClientOptions(api_endpoint=config.bigquery_endpoint)
-        try:
-            google.auth.default()
-        except google.auth.exceptions.DefaultCredentialsError:
-            credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
-    try:
-        return bigquery.Client(
-            project=config.bigquery_project, credentials=credentials, client_options=options
-        )
-    except google.auth.exceptions.DefaultCredentialsError as e:
-        raise SinkError(f"--sink=bigquery: no Google credentials: {_one_line(e)}") from None
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())[:500]
-
-
-def _schema(fields: Sequence[Field]) -> list[bigquery.SchemaField]:
-    out = []
-    for f in fields:
-        mode = "REPEATED" if f.repeated else "NULLABLE"
-        if f.precision is None or f.scale is None:
-            out.append(bigquery.SchemaField(f.name, f.type, mode=mode))
-        else:
-            out.append(
-                bigquery.SchemaField(
-                    f.name, f.type, mode=mode, precision=f.precision, scale=f.scale
-                )
-            )
-    return out
-
-
 class Warehouse:
     """One dataset: its raw tables, views, load jobs and state."""
 
@@ -115,16 +92,18 @@ class Warehouse:
         #: this process's part of its job ids: a restart removes what a batch without
         #: its state row loaded (open), so it must not find that batch's jobs DONE
         self.run = uuid.uuid4().hex[:8]
+        #: every request's retries (--bigquery-retry-deadline); a failed query job is
+        #: not run again by the client (job_retry=None: its retry of the job's insert
+        #: lasts 10 minutes whatever this says), a batch is (sinks/batching.py)
+        self.retry = bigquery.DEFAULT_RETRY.with_timeout(config.bigquery_retry_deadline)
 
     def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)`; BigQuery's refusals as SinkError, an unreachable server
-        or a server error as SinkUnavailableError (the stream retries)."""
+        or a server error as SinkUnavailableError (`_error`)."""
         try:
             return fn(*args, **kwargs)
-        except (google_errors.ServerError, google_errors.TooManyRequests, OSError) as e:
-            raise SinkUnavailableError(f"bigquery: {what}: {_one_line(e)}") from None
-        except google_errors.GoogleAPIError as e:
-            raise SinkError(f"bigquery: {what}: {_one_line(e)}") from None
+        except (google_errors.GoogleAPIError, OSError) as e:
+            raise request_error(what, e) from None
 
     # --- the dataset, its layouts and state ---
 
@@ -133,7 +112,13 @@ class Warehouse:
         dataset = bigquery.Dataset(self.dataset)
         if self.config.bigquery_location:
             dataset.location = self.config.bigquery_location
-        self.call("create dataset", self.client.create_dataset, dataset, exists_ok=True)
+        self.call(
+            "create dataset",
+            self.client.create_dataset,
+            dataset,
+            exists_ok=True,
+            retry=self.retry,
+        )
         tables = {
             STATE_TABLE: [
                 Field("slot", "STRING"),
@@ -149,8 +134,10 @@ class Warehouse:
             ],
         }
         for name, fields in tables.items():
-            table = bigquery.Table(f"{self.dataset}.{name}", schema=_schema(fields))
-            self.call(f"create {name}", self.client.create_table, table, exists_ok=True)
+            table = bigquery.Table(f"{self.dataset}.{name}", schema=schema_fields(fields))
+            self.call(
+                f"create {name}", self.client.create_table, table, exists_ok=True, retry=self.retry
+            )
 
     def staged_imports(self, done: set[str]) -> list[StagedImport]:
         """The staging tables imports recorded and no batch loaded yet, oldest snapshot
@@ -180,23 +167,29 @@ class Warehouse:
             config = bigquery.QueryJobConfig(query_parameters=list(params))
 
             def run() -> Any:
-                return self.client.query(sql, job_config=config, job_id=job_id, job_retry=None)
+                return self.client.query(
+                    sql, job_config=config, job_id=job_id, retry=self.retry, job_retry=None
+                )
 
             job = self.call("query", run)
-        self.call(f"wait for {job_id}", _wait, job)
+        self.call(f"wait for {job_id}", _wait, job, self.retry)
         if job.error_result is not None:
-            raise SinkError(f"bigquery: {job_id}: {_one_line(Exception(job.error_result))}")
+            raise SinkError(f"bigquery: {job_id}: {one_line(Exception(job.error_result))}")
         return int(job.num_dml_affected_rows or 0)
 
     def drop(self, table: str) -> None:
         self.call(
-            f"drop {table}", self.client.delete_table, f"{self.dataset}.{table}", not_found_ok=True
+            f"drop {table}",
+            self.client.delete_table,
+            f"{self.dataset}.{table}",
+            not_found_ok=True,
+            retry=self.retry,
         )
 
     def create_table(self, layout: Layout, name: str) -> None:
         """A table of `layout`'s raw columns (an import's staging table)."""
-        table = bigquery.Table(f"{self.dataset}.{name}", schema=_schema(table_fields(layout)))
-        self.call(f"create {name}", self.client.create_table, table)
+        table = bigquery.Table(f"{self.dataset}.{name}", schema=schema_fields(table_fields(layout)))
+        self.call(f"create {name}", self.client.create_table, table, retry=self.retry)
 
     def open(self) -> tuple[dict[tuple[str, str], Layout], set[str], int, int]:
         """Create the dataset and state table when missing; the layouts of its raw
@@ -206,11 +199,14 @@ class Warehouse:
         self._finish_unfinished()
         layouts: dict[tuple[str, str], Layout] = {}
         names: set[str] = set()
-        for item in self.call("list tables", lambda: list(self.client.list_tables(self.dataset))):
+        listed = self.call(
+            "list tables", lambda: list(self.client.list_tables(self.dataset, retry=self.retry))
+        )
+        for item in listed:
             names.add(str(item.table_id).lower())
             if item.table_type != "TABLE" or item.table_id == STATE_TABLE:
                 continue
-            table = self.call("get table", self.client.get_table, item.reference)
+            table = self.call("get table", self.client.get_table, item.reference, retry=self.retry)
             description = table.description or ""
             if description.startswith(LAYOUT_MARK):
                 layout = Layout.from_json(orjson.loads(description[len(LAYOUT_MARK) :]))
@@ -233,13 +229,15 @@ class Warehouse:
             listed = self.call(
                 "list jobs",
                 lambda state=state: list(
-                    self.client.list_jobs(state_filter=state, min_creation_time=since)
+                    self.client.list_jobs(
+                        state_filter=state, min_creation_time=since, retry=self.retry
+                    )
                 ),
             )
             for job in listed:
                 if str(job.job_id).startswith(self.prefix):
                     log.info("bigquery: waiting for job %s of an earlier run", job.job_id)
-                    self.call(f"wait for {job.job_id}", _wait, job)
+                    self.call(f"wait for {job.job_id}", _wait, job, self.retry)
 
     def _remove_uncommitted(self, raws: Sequence[str], position: int) -> None:
         """Delete the raw rows after `position` (the last one a state row holds): a run
@@ -270,35 +268,82 @@ class Warehouse:
         config = bigquery.QueryJobConfig(query_parameters=list(params))
 
         def run() -> list[Any]:
-            return list(self.client.query(sql, job_config=config).result(timeout=JOB_TIMEOUT))
+            job = self.client.query(sql, job_config=config, retry=self.retry, job_retry=None)
+            result = job.result(retry=self.retry, job_retry=None, timeout=JOB_TIMEOUT)
+            return list(result)
 
         return list(self.call("query", run))
 
     def apply(self, layout: Layout, created: bool) -> None:
-        """The raw table as `layout` has it (created, or its new columns added and its
-        layout kept, in one tables.patch), then its view."""
+        """The raw table as `layout` has it (created, or its widened types changed, then
+        its new columns added and its layout kept, in one tables.patch), then its view.
+        Each step is done once when the batch is retried (a table there already, a type
+        or a column BigQuery has already)."""
         fields = table_fields(layout)
         description = LAYOUT_MARK + orjson.dumps(layout.to_json()).decode()
         ref = f"{self.dataset}.{layout.raw}"
         if created:
-            table = bigquery.Table(ref, schema=_schema(fields))
+            table = bigquery.Table(ref, schema=schema_fields(fields))
             # a day per partition by the commit time; clustered by the key
             table.time_partitioning = bigquery.TimePartitioning(
                 type_=bigquery.TimePartitioningType.DAY, field="_pg2sink_timestamp"
             )
             table.clustering_fields = clustering(layout) or None
             table.description = description
-            self.call(f"create {layout.raw}", self.client.create_table, table)
+            self.call(
+                f"create {layout.raw}",
+                self.client.create_table,
+                table,
+                exists_ok=True,  # by this batch's earlier attempt (the names are ours)
+                retry=self.retry,
+            )
         else:
-            table = self.call(f"get {layout.raw}", self.client.get_table, ref)
+            table = self.call(f"get {layout.raw}", self.client.get_table, ref, retry=self.retry)
+            if self._widen(layout, table, fields):
+                table = self.call(f"get {layout.raw}", self.client.get_table, ref, retry=self.retry)
             have = {f.name for f in table.schema}
-            added = [f for f in _schema(fields) if f.name not in have]
+            added = [f for f in schema_fields(fields) if f.name not in have]
             table.schema = [*table.schema, *added]
             table.description = description
             self.call(
-                f"alter {layout.raw}", self.client.update_table, table, ["schema", "description"]
+                f"alter {layout.raw}",
+                self.client.update_table,
+                table,
+                ["schema", "description"],
+                retry=self.retry,
             )
         self.query(view_sql(layout, self.dataset))
+
+    def _widen(self, layout: Layout, table: Any, fields: Sequence[Field]) -> bool:
+        """Change the raw table's columns whose type the layout widened (schema.retyped),
+        one ALTER COLUMN SET DATA TYPE query job each; whether there were any. A change
+        BigQuery cannot make, or its refusal, is a SinkError: nothing after it is
+        confirmed."""
+        had = [field_of(f) for f in table.schema]
+        changes = retyped(had, fields)
+        for old, new in changes:
+            what = (
+                f"column {new.name!r} of {layout.raw} ({layout.namespace}.{layout.name}) from "
+                f"{old.ddl_type()} to {new.ddl_type()}"
+            )
+            if not widens(old, new):
+                raise SinkError(
+                    f"bigquery: cannot change {what}: BigQuery widens only NUMERIC and "
+                    "BIGNUMERIC columns to more digits; nothing after it is confirmed "
+                    "(docs/sinks/bigquery.md, Type changes)"
+                )
+            log.info("bigquery: changing %s", what)
+            try:
+                self.query(alter_sql(self.dataset, layout.raw, new))
+            except SinkUnavailableError:
+                raise
+            except SinkError as e:
+                raise SinkError(
+                    f"bigquery refused to change {what} (ALTER COLUMN SET DATA TYPE): "
+                    f"{str(e).removeprefix('bigquery: query: ')}; nothing after it is "
+                    "confirmed (docs/sinks/bigquery.md, Type changes)"
+                ) from None
+        return bool(changes)
 
     # --- loads ---
 
@@ -322,22 +367,22 @@ class Warehouse:
                 job = self._job(jid)  # started by an earlier try of ours meanwhile
             if job is None:
                 continue
-            self.call(f"wait for {jid}", _wait, job)
+            self.call(f"wait for {jid}", _wait, job, self.retry)
             if job.error_result is None:
                 return
             log.warning("bigquery load job %s failed: %s", jid, job.error_result)
         raise SinkError(
             f"bigquery: loading {table} failed {MAX_ATTEMPTS} times; last: "
-            f"{_one_line(Exception(job.error_result if job else 'no job'))}"
+            f"{one_line(Exception(job.error_result if job else 'no job'))}"
         )
 
     def _job(self, jid: str) -> Any:
         try:
-            return self.client.get_job(jid, project=self.config.bigquery_project)
+            return self.client.get_job(jid, project=self.config.bigquery_project, retry=self.retry)
         except google_errors.NotFound:
             return None
-        except google_errors.GoogleAPIError as e:
-            raise SinkUnavailableError(f"bigquery: get job {jid}: {_one_line(e)}") from None
+        except (google_errors.GoogleAPIError, OSError) as e:
+            raise request_error(f"get job {jid}", e) from None
 
     def _start_load(self, table: str, rows: pa.Table, jid: str) -> Any:
         """Start the load job (None: the id is taken, 409)."""
@@ -359,20 +404,18 @@ class Warehouse:
             )
         except google_errors.Conflict:
             return None
-        except (google_errors.ServerError, OSError) as e:
-            raise SinkUnavailableError(f"bigquery: load {table}: {_one_line(e)}") from None
-        except google_errors.GoogleAPIError as e:
-            raise SinkError(f"bigquery: load {table}: {_one_line(e)}") from None
+        except (google_errors.GoogleAPIError, OSError) as e:
+            raise request_error(f"load {table}", e) from None
 
     def close(self) -> None:
         self.client.close()  # type: ignore[no-untyped-call]
 
 
-def _wait(job: Any) -> None:
+def _wait(job: Any, retry: Any) -> None:
     """Poll the job until DONE (errors stay in `error_result`)."""
     deadline = time.monotonic() + JOB_TIMEOUT
     while True:
-        job.reload()
+        job.reload(retry=retry)
         if job.state == "DONE":
             return
         if time.monotonic() > deadline:

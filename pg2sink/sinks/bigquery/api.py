@@ -1,0 +1,84 @@
+"""The Google client of the BigQuery sink and what its answers mean: the client
+(credentials, --bigquery-endpoint), a request's error as SinkError or, when the server is
+away, SinkUnavailableError (the batch is retried: sinks/batching.py), and the sink's
+columns (schema.Field) to and from BigQuery's SchemaField.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from google.api_core import exceptions as google_errors
+from google.cloud import bigquery
+
+from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.sinks.bigquery.config import BigQueryConfig
+from pg2sink.sinks.bigquery.schema import Field
+
+__all__ = ["client", "field_of", "one_line", "request_error", "schema_fields"]
+
+
+def client(config: BigQueryConfig) -> bigquery.Client:
+    """A client of the project: Google's default credentials (ADC,
+    GOOGLE_APPLICATION_CREDENTIALS); with --bigquery-endpoint and none found, anonymous."""
+    import google.auth
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials, Credentials
+
+    options = None
+    credentials: Credentials | None = None
+    if config.bigquery_endpoint:
+        options = ClientOptions(api_endpoint=config.bigquery_endpoint)
+        try:
+            google.auth.default()
+        except google.auth.exceptions.DefaultCredentialsError:
+            credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    try:
+        return bigquery.Client(
+            project=config.bigquery_project, credentials=credentials, client_options=options
+        )
+    except google.auth.exceptions.DefaultCredentialsError as e:
+        raise SinkError(f"--sink=bigquery: no Google credentials: {one_line(e)}") from None
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:500]
+
+
+def request_error(what: str, error: Exception) -> SinkError:
+    """`error` of the request `what`: SinkUnavailableError when the server is unreachable,
+    answers 5xx (501, not implemented, is an answer) or limits the rate, also once the
+    client's retries of that ran out; else BigQuery's refusal, a SinkError."""
+    cause = error.cause if isinstance(error, google_errors.RetryError) else error
+    transient = isinstance(
+        cause, (google_errors.ServerError, google_errors.TooManyRequests, OSError)
+    ) and not isinstance(cause, google_errors.MethodNotImplemented)
+    kind = SinkUnavailableError if transient or cause is None else SinkError
+    return kind(f"bigquery: {what}: {one_line(error)}")
+
+
+def field_of(field: bigquery.SchemaField) -> Field:
+    """A raw table's column as BigQuery has it."""
+    precision, scale = field.precision, field.scale
+    return Field(
+        field.name,
+        field.field_type,
+        field.mode == "REPEATED",
+        None if precision is None else int(precision),
+        None if scale is None else int(scale),
+    )
+
+
+def schema_fields(fields: Sequence[Field]) -> list[bigquery.SchemaField]:
+    out = []
+    for f in fields:
+        mode = "REPEATED" if f.repeated else "NULLABLE"
+        if f.precision is None or f.scale is None:
+            out.append(bigquery.SchemaField(f.name, f.type, mode=mode))
+        else:
+            out.append(
+                bigquery.SchemaField(
+                    f.name, f.type, mode=mode, precision=f.precision, scale=f.scale
+                )
+            )
+    return out

@@ -1,0 +1,139 @@
+"""The BigQuery sink through an outage longer than the Google client's retries (issue 13):
+the test's own local-bigquery (scripts/services.py's LocalBigQuery, so the shared one of
+`make services` is never stopped) is stopped for 30 s mid-stream and started again on
+the same port and data directory.
+
+pg2sink runs with --bigquery-retry-deadline 3s, so every request of the first batch after
+the stop gives up within seconds (with the client's default, 10 minutes, the outage would
+stay inside its retries). The batch is then retried with backoff until BigQuery answers:
+the stream waits, logs one line when the outage starts and one when it ends, confirms
+nothing that is not loaded, and afterwards the view equals the table and no change is
+twice in the raw table. (Before those retries, such a batch failed the sink for good:
+every session after it raised the same error until a restart.)
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import services
+
+from tests.conftest import Database, Pg2Sink, wait_for
+from tests.sinks.test_bigquery import PROJECT, bq_rows, pg_rows
+from tests.sinks.test_duckdb import caught_up
+from tests.support import FAST, Proc
+
+#: How long BigQuery stays away, in seconds (the 30 s of the other sinks' outage tests).
+OUTAGE = 30.0
+
+
+@pytest.fixture
+def own_bigquery() -> Iterator[services.LocalBigQuery]:
+    """A local-bigquery of the test's own on a free port (its data survives a restart)."""
+    base = Path(tempfile.mkdtemp(prefix="pg2sink-bq-outage-"))
+    server = services.LocalBigQuery(base=base / "bigquery", port=services.free_port())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def start(
+    db: Database, proc: Proc, server: services.LocalBigQuery, dataset: str
+) -> tuple[psycopg.Connection[Any], Pg2Sink]:
+    """Table kv, and pg2sink streaming it into `dataset` of `server`, its requests retried
+    for 3 s."""
+    conn: psycopg.Connection[Any] = db.connect()
+    conn.execute("CREATE TABLE kv (id int PRIMARY KEY, v text)")
+    p = proc(
+        "--sink", "bigquery", "--bigquery-project", PROJECT, "--bigquery-dataset", dataset,
+        "--bigquery-endpoint", server.url, "--bigquery-retry-deadline", "3s", *FAST,
+    ).start()  # fmt: skip
+    p.wait_streaming(60)
+    return conn, p
+
+
+def assert_loaded_once(conn: psycopg.Connection[Any], url: str, dataset: str) -> None:
+    """The view equals the table, and no change is twice in the raw table."""
+    ds = f"{PROJECT}.{dataset}"
+    got = bq_rows(url, f"SELECT * FROM `{ds}.public_kv` ORDER BY id")
+    assert got == pg_rows(conn, "SELECT * FROM kv ORDER BY id")
+    twice = bq_rows(
+        url,
+        f"SELECT _pg2sink_lsn, _pg2sink_sequence FROM `{ds}.public_kv_raw` "
+        "GROUP BY 1, 2 HAVING COUNT(*) > 1",
+    )
+    assert twice == []
+
+
+@pytest.mark.slow
+def test_a_30s_outage_is_waited_out_and_every_change_is_loaded_once(
+    db: Database, pg2sink_proc: Proc, own_bigquery: services.LocalBigQuery, topic_prefix: str
+) -> None:
+    dataset = f"d_{topic_prefix}"
+    conn, p = start(db, pg2sink_proc, own_bigquery, dataset)
+    conn.execute("INSERT INTO kv SELECT g, 'v' || g FROM generate_series(1, 5) g")
+    caught_up(db, timeout=60)
+    own_bigquery.stop()  # between batches: no load job is cut short
+    stopped = time.monotonic()
+    conn.execute("UPDATE kv SET v = 'during' WHERE id = 1")
+    first_in_outage = db.current_lsn()
+    last = 5
+    while time.monotonic() - stopped < OUTAGE:
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO kv SELECT g, 'v' || g FROM generate_series(%s::int, %s::int) g",
+                (last + 1, last + 10),
+            )
+            conn.execute("UPDATE kv SET v = v || '+' WHERE id = %s", (last - 2,))
+            conn.execute("DELETE FROM kv WHERE id = %s", (last - 3,))
+        last += 10
+        time.sleep(1)
+    confirmed = db.slot_confirmed_lsn()
+    assert confirmed is not None and confirmed < first_in_outage  # nothing confirmed early
+    own_bigquery.start()
+    conn.execute("INSERT INTO kv VALUES (%s, 'after')", (last + 1,))
+    caught_up(db, timeout=60)
+    assert p.stop() == 0
+    assert_loaded_once(conn, own_bigquery.url, dataset)
+    assert (conn.execute("SELECT count(*) FROM kv").fetchone() or (0,))[0] > 100
+    err = p.stderr()
+    # the stream waited (no session ended): one line when BigQuery went, one when it came
+    assert err.count("retrying with backoff until it answers") == 1, err
+    assert err.count("the sink answers again after") == 1, err
+    assert "streaming stopped" not in err
+
+
+@pytest.mark.slow
+def test_a_stop_during_an_outage_confirms_nothing_and_the_next_start_loads_it(
+    db: Database, pg2sink_proc: Proc, own_bigquery: services.LocalBigQuery, topic_prefix: str
+) -> None:
+    dataset = f"d_{topic_prefix}"
+    conn, p = start(db, pg2sink_proc, own_bigquery, dataset)
+    conn.execute("INSERT INTO kv VALUES (1, 'before')")
+    caught_up(db, timeout=60)
+    own_bigquery.stop()
+    conn.execute("INSERT INTO kv VALUES (2, 'during')")
+    conn.execute("UPDATE kv SET v = 'changed' WHERE id = 1")
+    during = db.current_lsn()
+    wait_for(lambda: "retrying with backoff" in p.stderr(), 30, "the outage to be noticed")
+    stopping = time.monotonic()
+    assert p.stop(timeout=20) == 0  # the stop does not wait for BigQuery
+    assert time.monotonic() - stopping < 15
+    assert "stopped while the sink was unavailable" in p.stderr()
+    confirmed = db.slot_confirmed_lsn()
+    assert confirmed is not None and confirmed < during
+    own_bigquery.start()
+    p.start().wait_streaming(60)
+    caught_up(db, timeout=60)
+    assert p.stop() == 0
+    assert_loaded_once(conn, own_bigquery.url, dataset)
