@@ -201,6 +201,8 @@ class SparkRunner:
             # loopback instead of warning about the host name
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            # workers import pyspark's compiled modules, not pyspark.zip's source
+            conf.set("spark.python.daemon.module", "pg2sink.imports.spark_daemon")
         log.info("starting Spark (master %s)", self.master)
         # The JVM (and the local Python workers it forks) write to a pipe that pg2sink
         # reads into its own log, instead of to pg2sink's stderr: a --log-format json
