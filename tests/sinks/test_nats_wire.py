@@ -77,7 +77,7 @@ def test_a_run_of_pub_acks_is_counted_at_once_wherever_reads_cut_it(
         publisher._restart(2)
         publisher._keep([(b"S.t", b"x" * n, b"") for n in SIZES], SIZES)
         runs.clear()
-        publisher._nc.expect_acks(publisher._reply, "S", seen)  # type: ignore[union-attr]
+        publisher._nc.expect_acks(publisher._reply, seen)  # type: ignore[union-attr]
         read(publisher, replies[:cut], replies[cut:])
         assert publisher.acked == (2, 5, 11111), cut
         assert [s for run in runs for s in run] == [b"0", b"1", b"2", b"3", b"4"], cut
@@ -124,12 +124,27 @@ def test_pub_acks_out_of_order_or_of_another_generation_count_without_gaps(
     assert publisher._unacknowledged() == [(b"S.t", b"x" * 10000, b"")]
 
 
-def test_a_pub_ack_of_another_shape_is_read_alone(publisher: Publisher) -> None:
-    """A stream of another name, a server adding a field: the exact path."""
+def test_pub_acks_of_any_stream_or_shape_count(publisher: Publisher) -> None:
+    """Successful PubAcks start with {"stream": (ack_error's test), whatever follows."""
     read(
         publisher,
         pub_ack(b"_I.2.0", 1, stream=b"other")
         + pub_ack(b"_I.2.1", 2, b', "domain":"hub"')
-        + pub_ack(b"_I.2.2", 3),
+        + b'MSG _I.2.2 7  23\r\n{"stream":"S","seq":3}\r\n',
     )
     assert publisher.acked == (2, 3, 111) and publisher.failure is None
+
+
+def test_a_read_with_anything_but_pub_acks_is_read_one_reply_at_a_time(
+    publisher: Publisher,
+) -> None:
+    runs: list[list[bytes]] = []
+    publisher._nc.expect_acks(publisher._reply, lambda _, serials: runs.append(serials))  # type: ignore[union-attr]
+    for other in (
+        pub_ack(b"_I.2.1", 2).replace(b" 7 ", b" 8 "),  # another subscription's
+        b"+OK\r\n",
+        pub_ack(b"_I.1.1", 2),  # an older generation's
+    ):
+        read(publisher, other + pub_ack(b"_I.2.0", 1))
+        assert runs == [], other
+    assert publisher.acked == (2, 1, 1)  # the exact path counted the current one

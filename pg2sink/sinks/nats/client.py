@@ -215,7 +215,7 @@ class Publisher:
         does not match it, and takes the exact path, which ignores it)."""
         self._reply = b"%s%d." % (self._inbox, self._generation)
         if self._nc is not None:
-            self._nc.expect_acks(self._reply, self.cfg.stream, self._on_acks)
+            self._nc.expect_acks(self._reply, self._on_acks)
 
     async def _new_client(self, disconnected: Callable[[], Awaitable[None]]) -> AckClient:
         cfg = self.cfg

@@ -129,22 +129,19 @@ def frames(
     return b"".join(chain.from_iterable(zip(lines, payloads, crlfs, strict=True)))
 
 
-def ack_pattern(reply: bytes, sid: int, stream: str) -> re.Pattern[bytes]:
-    """What AckParser finds a read's successful PubAcks with: the whole frame of one
-    (`MSG <reply><serial> <sid>  <size>\r\n{"stream":"<stream>", "seq":<n>}\r\n`, or
-    with `,"duplicate": true`, as nats-server 2.9 writes it, or without those spaces),
-    the serial captured; or else anything up to the next LF,
-    the serial empty. Every byte of a read is in one match or the other, so a read whose
-    matches all have a serial is nothing but successful PubAcks, back to back.
+def ack_pattern(reply: bytes, sid: int) -> re.Pattern[bytes]:
+    """What AckParser finds a read's successful PubAcks with: the whole frame of one, a
+    reply on subscription `sid` to `<reply><serial>` whose payload starts with
+    `{"stream":` (ack_error's test), the serial captured; or else anything up to the
+    next LF, the serial empty. Every byte of a read is in one match or the other, so a
+    read whose matches all have a serial is nothing but successful PubAcks, back to back.
 
-    The size is not compared with the payload: the payload matched holds no CR nor LF,
-    so a payload of any other size would not end with CRLF where this one does (the
-    server's JSON holds no raw CR or LF). A PubAck of another shape (a stream of
-    another name, a newer server's "domain") takes the exact path, one reply at a time."""
-    stream_name = re.escape(stream.encode())
+    The payload is read up to CR, not by its size: a PubAck, JSON, holds no raw CR or
+    LF. Every byte costs the regular expression engine some 25 instructions, so the
+    pattern checks nothing more (spelling out nats-server's `{"stream":"<name>",
+    "seq":<n>}` cost 40% more)."""
     return re.compile(
-        rb"MSG %s(\d+) %d +\d+\r\n" % (re.escape(reply), sid)
-        + rb'\{"stream":"%s", ?"seq":\d+(?:, ?"duplicate": ?true)?\}\r\n' % stream_name
+        rb"MSG %s(\d+) %d +\d+\r\n\{\"stream\":[^\r]*\r\n" % (re.escape(reply), sid)
         + rb"|[^\n]*\n|[^\n]+"  # (findall: an empty serial)
     )
 
@@ -229,11 +226,11 @@ class AckClient(Client):
         """Send `subscription`'s messages to `handler` from now on."""
         self._ack_sid, self._on_ack = subscription._id, handler
 
-    def expect_acks(self, reply: bytes, stream: str, handler: AcksHandler) -> None:
-        """Hand the serials of successful PubAcks of `stream` to replies at
-        `<reply><serial>` to `handler`, a read's run at once (take_acks first)."""
+    def expect_acks(self, reply: bytes, handler: AcksHandler) -> None:
+        """Hand the serials of successful PubAcks to replies at `<reply><serial>` to
+        `handler`, a read's run at once (take_acks first)."""
         assert self._ack_sid is not None
-        self._acks = (reply, ack_pattern(reply, self._ack_sid, stream), handler)
+        self._acks = (reply, ack_pattern(reply, self._ack_sid), handler)
 
     async def _process_msg(
         self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes
