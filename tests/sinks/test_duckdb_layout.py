@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from pg2sink.changelog.pgvalues import PgText
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.errors import SinkError
+from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.duckdb.config import DuckDBConfig
 from pg2sink.sinks.duckdb.layout import widens
 from pg2sink.sinks.duckdb.sink import DuckDBSink
@@ -255,3 +257,52 @@ def test_the_multiset_view_follows_random_changes(tmp_path: Path) -> None:
             assert Counter(view) == +kept
             sink = opened(path)
     sink.close()
+
+
+#: a column of each kind of DuckDB type, and a value: Arrow refuses UNCHANGED_TOAST in
+#: every one of them, which is how the sink finds the rows to fill (values.UnfilledError)
+TOAST_COLUMNS: dict[str, tuple[dict[str, Any], object]] = {
+    "i": ({"type": "long", "pg.type": "int8"}, 5),
+    "t": (TEXT, "text"),
+    "n": (
+        {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2},
+        Decimal("12.50"),
+    ),
+    "w": ({"type": "string", "pg.type": "numeric"}, Decimal("1e40")),  # digits as text
+    "at": ({"type": "long", "logicalType": "timestamp-micros"}, NOW),
+    "j": ({"type": "string", "pg.type": "jsonb"}, '{"a": [1, 2]}'),
+    "b": ({"type": "boolean"}, True),
+    "by": ({"type": "bytes", "pg.type": "bytea"}, b"\x00\x01"),
+    "f": ({"type": "double"}, 0.5),
+    "a": ({"type": "array", "items": ["null", TEXT], "pg.type": "text[]"}, ["p", None]),
+}
+
+
+def test_unchanged_toasted_values_of_every_type_are_filled_in(tmp_path: Path) -> None:
+    path = tmp_path / "toast.duckdb"
+    sink = opened(path)
+    columns = [(c, t) for c, (t, _) in TOAST_COLUMNS.items()]
+    sink.write(schema("public", "t", ("id", INT), *columns))
+    values = {c: v for c, (_, v) in TOAST_COLUMNS.items()}
+    sink.write(insert("public", "t", 0, id=1, **values))
+    sink.checkpoint(100)
+    assert sink.flush() == 100  # the first UPDATEs read the key's row from the file
+    lsn = 100
+    for same_batch in (False, True):  # then from the batch: the key's row comes first
+        for column in TOAST_COLUMNS:
+            lsn += 10
+            after = {"id": 1, **values, column: UNCHANGED_TOAST}
+            update = Modification(NOW, 0, lsn, 8, Operation.UPDATE, "public", "t", None, after)
+            sink.write(update)
+            sink.checkpoint(lsn)
+            if not same_batch:
+                assert sink.flush() == lsn
+    assert sink.flush() == lsn
+    sink.close()
+    names = ", ".join(f'"{c}"' for c in TOAST_COLUMNS)
+    rows = query(path, f"SELECT {names}, _pg2sink_unchanged_toast FROM public_t_raw ORDER BY 1")
+    stored = [v if c != "w" else format(v, "f") for c, v in values.items()]
+    filled = [[c] for c in TOAST_COLUMNS for _ in (False, True)]
+    assert sorted(rows, key=str) == sorted(
+        [(*stored, None), *((*stored, f) for f in filled)], key=str
+    )

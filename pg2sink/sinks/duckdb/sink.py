@@ -36,6 +36,7 @@ it held for an import only when every partition is staged, so they come after it
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -76,8 +77,19 @@ COMMIT_ROWS = 20_000
 
 #: DuckDB settings of the sink's connection (the file's readers have their own): a row
 #: group of a transaction is written to the file as soon as it is full (DuckDB's
-#: default buffers five, 600,000 rows, before writing them)
-MEMORY_SETTINGS = {"write_buffer_row_group_count": "1"}
+#: default buffers five, 600,000 rows, before writing them); one thread: a batch of a few
+#: thousand rows gains nothing from DuckDB's parallel operators, which cost CPU to
+#: coordinate, and the cores are the stream's and PostgreSQL's walsender's too
+#: (docs/benchmarks.md, "Session 8: DuckDB sink CPU")
+SETTINGS = {"write_buffer_row_group_count": "1", "threads": "1"}
+
+#: the cyclic garbage collector's first threshold while the sink is open (Python's default
+#: is 700): the records held in batches and chunks outlive young collections, so each
+#: collection went through thousands of live records and moved them to the older
+#: generations, whose full collections then went through them again (up to 12% of the
+#: stream's CPU in bench-stream, docs/benchmarks.md); records hold no reference cycles,
+#: reference counting frees them
+GC_THRESHOLD = 20_000
 
 _INTERNAL = (
     "CREATE TABLE IF NOT EXISTS pg2sink_state "
@@ -94,6 +106,11 @@ class DuckDBSink:
 
     json_values = False
 
+    #: BackgroundCommits' own write and checkpoint, bound at init: the stream calls them
+    #: per change and per transaction, with no call of this class's in between
+    write: Callable[[Record], None]
+    checkpoint: Callable[[int], None]
+
     def __init__(self, config: DuckDBConfig) -> None:
         self.path = config.duckdb_path
         self.slot = STATE_KEY
@@ -106,6 +123,11 @@ class DuckDBSink:
         self._open: Transaction | None = None
         #: a DuckDB transaction is open: the position before its first row
         self._begun: int | None = None
+        #: DuckDB's threads: its default (staged files load with them), the stream's
+        #: (SETTINGS), the number set now
+        self._threads_default = self._threads_stream = self._threads_now = 1
+        #: the garbage collector's thresholds before open() (GC_THRESHOLD)
+        self._gc_threshold: tuple[int, ...] | None = None
         self._commits = BackgroundCommits(
             self._commit,
             "pg2sink-duckdb",
@@ -114,6 +136,8 @@ class DuckDBSink:
             chunk_records=CHUNK_RECORDS,
             where=self.path,
         )
+        self.write = self._commits.write
+        self.checkpoint = self._commits.checkpoint
 
     # --- the Sink protocol ---
 
@@ -130,7 +154,9 @@ class DuckDBSink:
             raise SinkError(f"cannot open --duckdb-path {self.path!r}: {_one_line(e)}") from None
         try:
             con.execute("SET TimeZone = 'UTC'")
-            _limit_memory(con)
+            self._threads_default = _threads(con)
+            _configure(con)
+            self._threads_stream = self._threads_now = _threads(con)
             for statement in _INTERNAL:
                 con.execute(statement)
             # the LSN is the slot's; positions run over the whole file
@@ -153,15 +179,12 @@ class DuckDBSink:
         _remove([*self._loaded(staged_files(self.path)), *unfinished_files(self.path)])
         self._commits.start(stored)
         without_pandas()
+        self._gc_threshold = gc.get_threshold()
+        if self._gc_threshold[0] < GC_THRESHOLD:
+            gc.set_threshold(GC_THRESHOLD, *self._gc_threshold[1:])
         log.debug("duckdb sink writing to %s, from LSN %s", self.path, stored)
 
     # held, batched and committed in the background by BackgroundCommits (sinks/batching.py)
-    def write(self, record: Record) -> None:
-        self._commits.write(record)
-
-    def checkpoint(self, lsn: int) -> None:
-        self._commits.checkpoint(lsn)
-
     def start_flush(self) -> None:
         self._commits.start_flush()
 
@@ -186,6 +209,9 @@ class DuckDBSink:
             if self._con is not None:
                 self._con.close()
                 self._con = None
+            if self._gc_threshold is not None:
+                gc.set_threshold(*self._gc_threshold)
+                self._gc_threshold = None
 
     # --- on the worker thread ---
 
@@ -238,14 +264,14 @@ class DuckDBSink:
                 self._load_staged(writer)
                 if writer.staged and finish is None:
                     self._set_state(self._commits.stored, writer.fence)
-            for record in records:
-                writer.add(record)
+            writer.add(records)
             writer.finish()
             if finish is not None:
                 finish(writer)
             if finish is not None or writer.position - self._begun >= COMMIT_ROWS:
                 con.execute("COMMIT")
                 self._begun = None
+            self._set_threads(self._threads_stream)
         except (duckdb.Error, SinkError) as e:
             self._rollback()
             if isinstance(e, SinkError):
@@ -264,11 +290,20 @@ class DuckDBSink:
         the start of a transaction: complete rows, so the fence may include them."""
         staged = staged_files(self.path)
         loaded = self._loaded(staged)
-        for file in staged:
-            if file not in loaded:
-                writer.load(file)
+        fresh = [file for file in staged if file not in loaded]
+        if fresh:  # an import's rows: DuckDB's own threads read and compress them
+            self._set_threads(self._threads_default)
+        for file in fresh:
+            writer.load(file)
         writer.staged = staged
         writer.fence = writer.position
+
+    def _set_threads(self, threads: int) -> None:
+        """DuckDB's threads for the statements from now on."""
+        assert self._con is not None
+        if threads != self._threads_now:
+            self._con.execute(f"SET threads = {int(threads)}")
+            self._threads_now = threads
 
     def _set_state(self, lsn: int, position: int) -> None:
         """The slot's state row: `lsn` committed, raw rows up to `position` complete."""
@@ -306,14 +341,19 @@ class DuckDBSink:
         return {f for f in files if os.path.basename(f) in names}
 
 
-def _limit_memory(con: duckdb.DuckDBPyConnection) -> None:
-    """The writer's DuckDB settings that bound its memory (MEMORY_SETTINGS), those this
-    DuckDB version has."""
+def _configure(con: duckdb.DuckDBPyConnection) -> None:
+    """The writer's DuckDB settings (SETTINGS), those this DuckDB version has."""
     names = {name for (name,) in con.execute("SELECT name FROM duckdb_settings()").fetchall()}
-    for name, value in MEMORY_SETTINGS.items():
+    for name, value in SETTINGS.items():
         if name in names:
             # SET takes no parameters: the name quoted, the value as a string literal
             con.execute("SET " + quote(name) + " = '" + value.replace("'", "''") + "'")
+
+
+def _threads(con: duckdb.DuckDBPyConnection) -> int:
+    """The connection's number of threads."""
+    ((threads,),) = con.execute("SELECT current_setting('threads')").fetchall()
+    return int(threads)
 
 
 def _remove(files: Iterable[str]) -> None:

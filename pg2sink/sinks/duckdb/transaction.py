@@ -11,6 +11,7 @@ large PostgreSQL transaction is written in chunks); `position` numbers the raw r
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import duckdb
 import orjson
@@ -30,7 +31,7 @@ from pg2sink.sinks.duckdb.layout import (
 )
 from pg2sink.sinks.duckdb.missing import missing_texts
 from pg2sink.sinks.duckdb.toast import Toast
-from pg2sink.sinks.duckdb.values import arrow_batch
+from pg2sink.sinks.duckdb.values import UnfilledError, arrow_batch, arrow_rows, json_marked
 
 __all__ = ["Transaction"]
 
@@ -48,20 +49,32 @@ class Transaction:
         self.staged: list[str] = []
         #: the position after the staged files' rows (the rows before the records')
         self.fence = position
-        self._rows: dict[tuple[str, str], list[tuple[int, Modification]]] = {}
+        #: per table, the queued rows' positions and Modifications
+        self._rows: dict[tuple[str, str], tuple[list[int], list[Modification]]] = {}
 
-    def add(self, record: Record) -> None:
-        """A Schema record's DDL now (after the table's rows before it); a row queued."""
-        if isinstance(record, Schema):
-            table = (record.namespace, record.name)
-            self._insert(table)
-            self._apply(record)
-        elif isinstance(record, Modification):
-            table = (record.namespace, record.name)
-            if table not in self.layouts:
-                raise SinkError(f"a change of {record.namespace}.{record.name} before its Schema")
-            self.position += 1
-            self._rows.setdefault(table, []).append((self.position, record))
+    def add(self, records: Iterable[Record]) -> None:
+        """Each Schema record's DDL when it comes (after its table's rows before it); the
+        rows queued, numbered on from `position`."""
+        position = self.position
+        namespace = name = ""
+        positions: list[int] | None = None  # the lists of the last row's table
+        rows: list[Modification] = []
+        for record in records:
+            if isinstance(record, Modification):
+                if positions is None or record.name != name or record.namespace != namespace:
+                    namespace, name = table = record.namespace, record.name
+                    if table not in self.layouts:
+                        raise SinkError(f"a change of {namespace}.{name} before its Schema")
+                    positions, rows = self._rows.setdefault(table, ([], []))
+                position += 1
+                positions.append(position)
+                rows.append(record)
+            elif isinstance(record, Schema):
+                self.position = position
+                self._insert((record.namespace, record.name))
+                self._apply(record)
+                positions = None  # _insert took the table's lists
+        self.position = position
 
     def finish(self) -> None:
         """Insert every table's queued rows."""
@@ -135,12 +148,17 @@ class Transaction:
 
     def _insert(self, table: tuple[str, str]) -> None:
         """The queued rows of `table` into its raw table, unchanged TOAST filled in."""
-        rows = self._rows.pop(table, None)
+        positions, rows = self._rows.pop(table, ([], []))
         if not rows:
             return
         layout = self.layouts[table]
-        rows, unchanged = Toast(self.con, layout).fill(rows)
-        batch = arrow_batch(layout, rows, unchanged)
+        try:
+            batch = arrow_rows(layout, positions, rows)
+        except UnfilledError:  # rarely: then the whole batch is filled and converted again
+            numbered = list(zip(positions, rows, strict=True))
+            filled, unchanged = Toast(self.con, layout).fill(numbered)
+            batch = arrow_batch(layout, filled, unchanged)
+        batch = json_marked(batch, layout)
         names = ", ".join(quote(n) for n in raw_columns(layout))
         self.con.register("_pg2sink_batch", batch)
         try:

@@ -9,6 +9,11 @@ in its column and PostgreSQL's text is in the row's `_pg2sink_text` map under th
 name (an array with special elements: its JSON form, as the file sink writes it). Float
 NaN and infinities are DuckDB floats; an unconstrained numeric (or one over 38 digits) is
 its exact digits as text.
+
+An UPDATE's unchanged TOASTed value (UNCHANGED_TOAST) is filled in before conversion
+(toast.py): `arrow_batch` raises `UnfilledError` when it meets one. Rows without any (nearly
+all) are not searched for it value by value: Arrow refuses the object in every column
+type, and only a column Arrow refused is looked at.
 """
 
 from __future__ import annotations
@@ -23,12 +28,21 @@ from typing import TYPE_CHECKING
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.pgvalues import PgArray, PgText
 from pg2sink.changelog.records import Modification
+from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.duckdb.layout import Layout, raw_columns
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-__all__ = ["arrow_batch", "arrow_type", "value_array", "without_pandas"]
+__all__ = [
+    "UnfilledError",
+    "arrow_batch",
+    "arrow_rows",
+    "arrow_type",
+    "json_marked",
+    "value_array",
+    "without_pandas",
+]
 
 _DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
 
@@ -92,6 +106,10 @@ def arrow_type(duck: str) -> pa.DataType:
     }[duck]
 
 
+class UnfilledError(Exception):
+    """A row holds an unchanged TOASTed value (UNCHANGED_TOAST): fill it in first."""
+
+
 class _NotHeldError(Exception):
     """A value its DuckDB type cannot hold: the text kept for it."""
 
@@ -146,15 +164,17 @@ def converter(duck: str) -> Callable[[object], object]:
 def _column(
     values: Sequence[object], duck: str, name: str, texts: list[dict[str, str] | None]
 ) -> pa.Array:
-    """An Arrow array of one column; specials go to `texts` (per row) under `name`."""
+    """An Arrow array of one column; specials go to `texts` (per row) under `name`;
+    UnfilledError for an UNCHANGED_TOAST."""
     import pyarrow as pa
 
     if not duck.endswith("[]"):
         try:
             # Most columns hold only values Arrow takes as they are: one call in C. A
             # PgText (or a Decimal for text) makes Arrow refuse a scalar column, never
-            # accept it changed; then each value goes through its converter. Not lists:
-            # Arrow would take a PgText ('[0:1]={a,b}') as a sequence of characters.
+            # accept it changed, and so does UNCHANGED_TOAST; then each value goes
+            # through its converter. Not lists: Arrow would take a PgText ('[0:1]={a,b}')
+            # as a sequence of characters.
             return pa.array(values, arrow_type(duck))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
             pass
@@ -164,6 +184,8 @@ def _column(
         if value is None:
             out.append(None)
             continue
+        if value is UNCHANGED_TOAST:
+            raise UnfilledError(name)
         try:
             out.append(convert(value))
         except _NotHeldError as special:
@@ -190,32 +212,95 @@ def arrow_batch(
 ) -> pa.Table:
     """The raw table rows of `rows` ((position, Modification), in order); `unchanged`
     gives per row the columns whose unchanged TOASTed value was filled in (or None)."""
+    return arrow_rows(layout, [p for p, _ in rows], [m for _, m in rows], unchanged)
+
+
+def arrow_rows(
+    layout: Layout,
+    positions: Sequence[int],
+    rows: Sequence[Modification],
+    unchanged: Sequence[list[str] | None] | None = None,
+) -> pa.Table:
+    """The raw table rows of `rows` (in order, at `positions`); `unchanged` gives per row
+    the columns whose unchanged TOASTed value was filled in (or None). UnfilledError when
+    a row holds UNCHANGED_TOAST."""
     import pyarrow as pa
 
     n = len(rows)
     texts: list[dict[str, str] | None] = [None] * n
     arrays: list[pa.Array] = []
-    afters = [m.after for _, m in rows]
-    befores = [m.before for _, m in rows]
+    befores = [m.before for m in rows]
+    # INSERTs and UPDATEs that keep their key (nearly every row) have no before-image
+    no_before = befores.count(None) == n
     for c in layout.columns:
-        if c.before is not None:
+        if c.before is None:
+            continue
+        if no_before:
+            arrays.append(pa.nulls(n, arrow_type(c.type)))
+        else:
             old = [None if b is None else b.get(c.column) for b in befores]
             arrays.append(_column(old, c.type, c.column, [None] * n))
+    afters = [m.after for m in rows]
     for c in layout.columns:
         values = [None if a is None else a.get(c.column) for a in afters]
         arrays.append(_column(values, c.type, c.column, texts))
-    modifications = [m for _, m in rows]
     meta = [
-        pa.array([p for p, _ in rows], pa.int64()),
-        pa.array([m.timestamp for m in modifications], arrow_type("TIMESTAMPTZ")),
-        pa.array([m.lsn for m in modifications], pa.int64()),
-        pa.array([m.sequence for m in modifications], pa.int64()),
-        pa.array([m.xid for m in modifications], pa.int64()),
-        pa.array([str(m.operation) for m in modifications], pa.string()),
-        pa.array(list(unchanged), arrow_type("VARCHAR[]")),
-        pa.array(
-            [None if t is None else list(t.items()) for t in texts],
+        pa.array(positions, pa.int64()),
+        _same_or_array([m.timestamp for m in rows], arrow_type("TIMESTAMPTZ")),
+        pa.array([m.lsn for m in rows], pa.int64()),
+        pa.array([m.sequence for m in rows], pa.int64()),
+        pa.array([m.xid for m in rows], pa.int64()),
+        # Operation is a StrEnum: Arrow takes its members as the strings they are
+        pa.array([m.operation for m in rows], pa.string()),
+        _nulls_or_array(unchanged, n, arrow_type("VARCHAR[]")),
+        _nulls_or_array(
+            [None if t is None else list(t.items()) for t in texts]
+            if texts.count(None) < n
+            else None,
+            n,
             arrow_type("MAP(VARCHAR, VARCHAR)"),
         ),
     ]
     return pa.Table.from_arrays([*meta, *arrays], names=list(raw_columns(layout)))
+
+
+def _same_or_array(values: list[object], type_: pa.DataType) -> pa.Array:
+    """`values` as an Arrow array: one conversion repeated when they are all equal (the
+    commit time of one transaction's rows is one object)."""
+    import pyarrow as pa
+
+    # list.count compares by identity first: a C loop over one transaction's rows
+    if values.count(values[0]) == len(values):
+        return pa.repeat(pa.scalar(values[0], type_), len(values))
+    return pa.array(values, type_)
+
+
+def _nulls_or_array(values: Sequence[object] | None, n: int, type_: pa.DataType) -> pa.Array:
+    """`values` as an Arrow array, or `n` NULLs when there are none."""
+    import pyarrow as pa
+
+    if values is None or values.count(None) == n:
+        return pa.nulls(n, type_)
+    return pa.array(values, type_)
+
+
+def json_marked(table: pa.Table, layout: Layout) -> pa.Table:
+    """`table` with its JSON columns typed as Arrow's JSON extension type (the same
+    strings): DuckDB takes such a column as JSON as it is, where it would parse every
+    string of a VARCHAR column it casts to JSON. Their values are PostgreSQL's text of a
+    json or jsonb value, valid JSON. Unchanged with a pyarrow without the type."""
+    import pyarrow as pa
+
+    json_type = getattr(pa, "json_", None)  # pyarrow 19 and later
+    if json_type is None:
+        return table
+    for c in layout.columns:
+        if c.type != "JSON":
+            continue
+        for name in (c.raw, c.before):
+            if name is not None:
+                i = table.schema.get_field_index(name)
+                column = table.column(i).combine_chunks()
+                marked = pa.ExtensionArray.from_storage(json_type(pa.string()), column)
+                table = table.set_column(i, pa.field(name, marked.type), marked)
+    return table
