@@ -21,7 +21,8 @@ acknowledged, and a batch grown to `max_records` behind it raises SinkUnavailabl
 after dropping what the batch held (the service reconnects once the wait is over and
 PostgreSQL sends those transactions again), so memory holds two batches at most.
 `stop()` ends the retries: what the commit held is not acknowledged, so the next start
-sends it again.
+sends it again. `report_outages_to(callback)`: the callback gets the reason when an
+outage starts and "" when it ends (GET /status, through the stream's stats).
 
 Chunks (a sink that gives `Chunks`): a transaction of `chunk_records` records is not held
 whole. The batch before it is committed first; then its records go to `Chunks.write_chunk` a
@@ -109,6 +110,7 @@ class BackgroundCommits:
         #: thread while it retries)
         self.outage: SinkUnavailableError | None = None
         self._stopping = threading.Event()
+        self._on_outage: Callable[[str], None] | None = None
         #: the open transaction went to Chunks.write; the Schema records of its chunks
         #: (kept when it starts again); the chunk being written
         self._chunking = False
@@ -214,6 +216,16 @@ class BackgroundCommits:
         self._stopping.set()
         self._worker.shutdown(wait=True)
 
+    def report_outages_to(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(reason)` when an outage starts and `callback("")` when it ends
+        (on the background thread)."""
+        self._on_outage = callback
+
+    def _outage(self, error: SinkUnavailableError | None) -> None:
+        self.outage = error
+        if self._on_outage is not None:
+            self._on_outage("" if error is None else str(error))
+
     def _submit(self, records: list[Record], lsn: int) -> None:
         self._in_flight_records, self._in_flight_lsn = len(records), lsn
         self._in_flight = self._worker.submit(self._retried, records, lsn)
@@ -236,9 +248,10 @@ class BackgroundCommits:
                         e,
                         format_lsn(self._acked or self.stored),
                     )
+                    self._outage(e)
                 else:
                     log.debug("still unavailable: %s", e)
-                self.outage = e
+                    self.outage = e
                 if self._stopping.wait(wait):
                     log.warning(
                         "stopped while the sink was unavailable: the changes after LSN %s "
@@ -249,10 +262,11 @@ class BackgroundCommits:
                 wait = min(wait * 2, RETRY_MAX_WAIT)
                 continue
             except SinkError:
-                self.outage = None
+                if self.outage is not None:
+                    self._outage(None)
                 raise
             if self.outage is not None:
-                self.outage = None
+                self._outage(None)
                 log.info(
                     "the sink answers again after %.1fs (%d failed attempt%s): committed up "
                     "to LSN %s",

@@ -6,10 +6,10 @@ the same port and data directory.
 pg2sink runs with --bigquery-retry-deadline 3s, so every request of the first batch after
 the stop gives up within seconds (with the client's default, 10 minutes, the outage would
 stay inside its retries). The batch is then retried with backoff until BigQuery answers:
-the stream waits, logs one line when the outage starts and one when it ends, confirms
-nothing that is not loaded, and afterwards the view equals the table and no change is
-twice in the raw table. (Before those retries, such a batch failed the sink for good:
-every session after it raised the same error until a restart.)
+the stream waits, logs one line when the outage starts and one when it ends, says so on
+GET /status, confirms nothing that is not loaded, and afterwards the view equals the
+table and no change is twice in the raw table. (Before those retries, such a batch
+failed the sink for good: every session after it raised the same error until a restart.)
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import services
 from tests.conftest import Database, Pg2Sink, wait_for
 from tests.sinks.test_bigquery import PROJECT, bq_rows, pg_rows
 from tests.sinks.test_duckdb import caught_up
+from tests.sinks.test_kafka_health import api_url, status
 from tests.support import FAST, Proc
 
 #: How long BigQuery stays away, in seconds (the 30 s of the other sinks' outage tests).
@@ -100,9 +101,12 @@ def test_a_30s_outage_is_waited_out_and_every_change_is_loaded_once(
         time.sleep(1)
     confirmed = db.slot_confirmed_lsn()
     assert confirmed is not None and confirmed < first_in_outage  # nothing confirmed early
+    code, during = status(api_url(p))
+    assert code == 500 and "Connection refused" in during["problems"]["sink"], during
     own_bigquery.start()
     conn.execute("INSERT INTO kv VALUES (%s, 'after')", (last + 1,))
     caught_up(db, timeout=60)
+    assert status(api_url(p)) == (200, {"status": "ok", "replication": "ok", "sink": "ok"})
     assert p.stop() == 0
     assert_loaded_once(conn, own_bigquery.url, dataset)
     assert (conn.execute("SELECT count(*) FROM kv").fetchone() or (0,))[0] > 100

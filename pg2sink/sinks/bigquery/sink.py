@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from google.cloud import bigquery
 
@@ -35,6 +36,9 @@ from pg2sink.sinks.bigquery.rows import BigQueryToast, state_rows, table_rows
 from pg2sink.sinks.bigquery.schema import quote
 from pg2sink.sinks.bigquery.warehouse import STATE_TABLE, StagedImport, Warehouse
 from pg2sink.sinks.duckdb.layout import META, OPERATION, POSITION, Layout, evolve, new_layout
+
+if TYPE_CHECKING:
+    from pg2sink.observability.stats import StreamStats
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,11 @@ class BigQuerySink:
         #: so its rows get the same positions and job ids
         self._staged: tuple[int, list[StagedImport]] = (0, [])
         self._commits = BackgroundCommits(self._load, "pg2sink-bigquery", MAX_BATCH_RECORDS)
+
+    def report_health(self, stats: StreamStats) -> None:
+        """Tell `stats` when BigQuery is away and when a batch loads again (GET /status),
+        as the background commits find out (ReportsHealth)."""
+        self._commits.report_outages_to(stats.sink_outage)
 
     def use_slot(self, slot: str) -> None:
         """The stream's replication slot: the key of its state rows (UsesSlot)."""
