@@ -14,6 +14,7 @@ failed the sink for good: every session after it raised the same error until a r
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
@@ -25,10 +26,15 @@ import psycopg
 import pytest
 import services
 
+from pg2sink.errors import SinkUnavailableError
+from pg2sink.sinks.bigquery import sink as bigquery_sink
+from pg2sink.sinks.bigquery.config import BigQueryConfig
+from pg2sink.sinks.bigquery.sink import BigQuerySink
 from tests.conftest import Database, Pg2Sink, wait_for
 from tests.sinks.test_bigquery import PROJECT, bq_rows, pg_rows
 from tests.sinks.test_duckdb import caught_up
 from tests.sinks.test_kafka_health import api_url, status
+from tests.sinks.test_nats import change, table_schema
 from tests.support import FAST, Proc
 
 #: How long BigQuery stays away, in seconds (the 30 s of the other sinks' outage tests).
@@ -141,3 +147,57 @@ def test_a_stop_during_an_outage_confirms_nothing_and_the_next_start_loads_it(
     caught_up(db, timeout=60)
     assert p.stop() == 0
     assert_loaded_once(conn, own_bigquery.url, dataset)
+
+
+def test_a_full_batch_behind_a_commit_in_an_outage_is_dropped_and_loaded_once_later(
+    own_bigquery: services.LocalBigQuery,
+    topic_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sink in process (batches of 3 records): while a commit waits out the outage, a
+    full batch behind it raises SinkUnavailableError and is forgotten; the replay from
+    the confirmed LSN (what PostgreSQL sends again after the reconnect) loads it once."""
+    caplog.set_level(logging.INFO, logger="pg2sink")
+    monkeypatch.setattr(bigquery_sink, "MAX_BATCH_RECORDS", 3)
+    dataset = f"d_{topic_prefix}"
+    sink = BigQuerySink(
+        BigQueryConfig(
+            bigquery_project=PROJECT,
+            bigquery_dataset=dataset,
+            bigquery_endpoint=own_bigquery.url,
+            bigquery_retry_deadline=1.0,
+        )
+    )
+    sink.open()
+    try:
+        sink.write(table_schema("t"))
+        sink.write(change(1))
+        sink.checkpoint(1101)
+        assert sink.flush() == 1101
+        own_bigquery.stop()
+        sink.write(change(2))
+        sink.checkpoint(1102)
+        sink.start_flush()
+        wait_for(lambda: "retrying with backoff" in caplog.text, 30, "the outage")
+        assert sink.flush() == 1101  # no wait, nothing new
+        with pytest.raises(SinkUnavailableError, match="a full batch waits behind it"):
+            for i in (3, 4, 5):
+                sink.write(change(i))
+                sink.checkpoint(1100 + i)
+        own_bigquery.start()
+        wait_for(lambda: sink.flush() == 1102, 60, "the retried commit")
+        sink.write(table_schema("t"))  # the replay: a new session describes the table again
+        for i in (2, 3, 4, 5):
+            sink.write(change(i))
+            sink.checkpoint(1100 + i)
+        wait_for(lambda: sink.flush() == 1105, 60, "the batches after the outage")
+    finally:
+        sink.close()
+    lsns = bq_rows(
+        own_bigquery.url,
+        f"SELECT _pg2sink_lsn, COUNT(*) FROM `{PROJECT}.{dataset}.public_t_raw` GROUP BY 1 "
+        "ORDER BY 1",
+    )
+    assert lsns == [(1000 + i, 1) for i in range(1, 6)]
+    assert caplog.text.count("the sink answers again") == 1
