@@ -19,7 +19,7 @@ SIZES = [1, 10, 100, 1000, 10000]
 
 def test_frames_are_the_protocols_hpub() -> None:
     header = b"NATS/1.0\r\nNats-Msg-Id: 1:a\r\n\r\n"
-    large = b"x" * 10_000  # beyond the table of sizes
+    large = b"x" * 10_000
     for payload, size in ((b"[1]", b"15"), (large, b"10012")):
         columns = ([b"p.a", b"p.b"], [b"{}", payload], [header, b"NATS/1.0\r\n\r\n"])
         header_sizes = [len(h) for h in columns[2]]

@@ -75,10 +75,6 @@ AcksHandler = Callable[[bytes, list[bytes]], None]
 _MSG = re.compile(rb"MSG ([^ \r\n]+) (\d+) +(\d+)\r\n")
 
 
-#: b"0", b"1", ... b"8191": the sizes of a frame (frames)
-_DECIMALS = tuple(b"%d" % i for i in range(8192))
-
-
 def msg_id_header(msg_id: bytes) -> bytes:
     """The header block carrying `msg_id` as Nats-Msg-Id (JetStream's de-duplication)."""
     return b"NATS/1.0\r\nNats-Msg-Id: " + msg_id + b"\r\n\r\n"
@@ -100,32 +96,11 @@ def frames(
     No Python code runs per message (a loop building each frame cost twice the
     instructions): map and zip drive one bytes formatting of each command line and
     header block, small enough for Python's allocator (with the payload, most frames
-    were not), and the payloads are joined in between. The sizes are decimal bytes
-    taken from a table: formatting an int costs more than the rest of the line."""
+    were not), and the payloads are joined in between."""
+    template = b"HPUB %s " + reply.replace(b"%", b"%%") + b"%d %d %d\r\n%s"
     numbers = range(serial, serial + len(subjects))
-    reply = reply.replace(b"%", b"%%")
-    try:
-        lines = list(
-            map(
-                (b"HPUB %s " + reply + b"%d %s %s\r\n%s").__mod__,
-                zip(
-                    subjects,
-                    numbers,
-                    map(_DECIMALS.__getitem__, header_sizes),
-                    map(_DECIMALS.__getitem__, sizes),
-                    headers,
-                    strict=True,
-                ),
-            )
-        )
-    except IndexError:  # a frame beyond the table
-        lines = list(
-            map(
-                (b"HPUB %s " + reply + b"%d %d %d\r\n%s").__mod__,
-                zip(subjects, numbers, header_sizes, sizes, headers, strict=True),
-            )
-        )
-    crlfs = repeat(b"\r\n", len(lines))
+    lines = map(template.__mod__, zip(subjects, numbers, header_sizes, sizes, headers, strict=True))
+    crlfs = repeat(b"\r\n", len(subjects))
     return b"".join(chain.from_iterable(zip(lines, payloads, crlfs, strict=True)))
 
 
