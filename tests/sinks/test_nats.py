@@ -89,12 +89,12 @@ def test_acks_count_only_without_gaps() -> None:
     publisher = Publisher(NatsConfig())
     publisher._restart(3)
     sizes = [1, 10, 100, 1000]
-    publisher._keep([(b"s", b"x" * n, b"") for n in sizes], sizes)  # sent
+    publisher._sent.keep([(b"s", b"x" * n, b"") for n in sizes], sizes)  # sent
     for serial in (0, 2, 3, 4):  # 4 was never sent
         publisher._acknowledge(serial)
     assert publisher.acked == (3, 1, 1)  # 1 is missing: 2 and 3 wait for it
     publisher._acknowledge(1)
-    assert publisher.acked == (3, 4, 1111) and publisher._unacknowledged() == []
+    assert publisher.acked == (3, 4, 1111) and publisher._sent.resend() == []
     publisher._acknowledge(2)  # a repeat's answer changes nothing
     assert publisher.acked == (3, 4, 1111)
     publisher.stop()  # never started: closes its loop

@@ -48,8 +48,8 @@ def publisher() -> Iterator[Publisher]:
     publisher._nc, publisher._inbox = client, b"_I."
     publisher._restart(2)
     messages: list[Outgoing] = [(b"S.t", b"x" * n, b"") for n in SIZES]
-    publisher._keep(messages[:2], SIZES[:2])  # two writes
-    publisher._keep(messages[2:], SIZES[2:])
+    publisher._sent.keep(messages[:2], SIZES[:2])  # two writes
+    publisher._sent.keep(messages[2:], SIZES[2:])
     yield publisher
     publisher.stop()
 
@@ -75,13 +75,13 @@ def test_a_run_of_pub_acks_is_counted_at_once_wherever_reads_cut_it(
 
     for cut in range(len(replies) + 1):
         publisher._restart(2)
-        publisher._keep([(b"S.t", b"x" * n, b"") for n in SIZES], SIZES)
+        publisher._sent.keep([(b"S.t", b"x" * n, b"") for n in SIZES], SIZES)
         runs.clear()
         publisher._nc.expect_acks(publisher._reply, seen)  # type: ignore[union-attr]
         read(publisher, replies[:cut], replies[cut:])
         assert publisher.acked == (2, 5, 11111), cut
         assert [s for run in runs for s in run] == [b"0", b"1", b"2", b"3", b"4"], cut
-        assert publisher._unacknowledged() == []
+        assert publisher._sent.resend() == []
 
 
 def test_an_error_among_pub_acks_fails_the_generation_after_the_acks_before_it(
@@ -120,8 +120,8 @@ def test_pub_acks_out_of_order_or_of_another_generation_count_without_gaps(
     read(publisher, pub_ack(b"_I.2.0", 1) + pub_ack(b"_I.2.3", 4))
     assert publisher.acked == (2, 4, 1111)
     read(publisher, pub_ack(b"_I.2.0", 1) + pub_ack(b"_I.2.9", 9))  # a repeat, one never sent
-    assert publisher.acked == (2, 4, 1111) and publisher._early == set()
-    assert publisher._unacknowledged() == [(b"S.t", b"x" * 10000, b"")]
+    assert publisher.acked == (2, 4, 1111) and publisher._sent._early == set()
+    assert publisher._sent.resend() == [(b"S.t", b"x" * 10000, b"")]
 
 
 def test_pub_acks_of_any_stream_or_shape_count(publisher: Publisher) -> None:

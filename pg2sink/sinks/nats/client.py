@@ -9,11 +9,8 @@ JetStream answers with its PubAck once the message is stored (or with an error);
 subscription to `<inbox>.*.*` receives them all (no future, no timer per message), and
 up to CHUNK messages go out in one write (wire.py: the frames, and the replies taken
 from nats-py's parser). The acknowledged count is the number of messages acknowledged
-with no gap before them: acks come back in order, and the serials of a read's run of
-successful PubAcks that follow the count with no gap advance it in one step; any other
-reply is read alone, and an ack that overtakes another waits in a set. The messages
-sent are kept by write (chunk), with their payloads' cumulative sizes, so that the
-acknowledged bytes are one lookup.
+with no gap before them (sent.py: the serials of a read's run of successful PubAcks
+move it in one step; any other reply is read alone).
 
 Generations: after a failure the sink starts over (PostgreSQL replays from the last
 confirmed position) under a new generation; acks of the messages of an older one are
@@ -44,7 +41,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from itertools import accumulate
 from operator import add
 from typing import Any, TypeVar
 
@@ -55,6 +51,7 @@ from nats.js.api import StorageType, StreamConfig
 
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.sinks.nats.config import NatsConfig, shown_url
+from pg2sink.sinks.nats.sent import Sent
 from pg2sink.sinks.nats.wire import AckClient, Outgoing, ack_error, frames
 
 log = logging.getLogger(__name__)
@@ -116,14 +113,7 @@ class Publisher:
         #: the loop has been woken to take it
         self._submitted: deque[tuple[int, Sequence[Outgoing]]] = deque()
         self._woken = False
-        #: the writes not wholly acknowledged (and the last one), oldest first: (serial of
-        #: the first message, the messages, the payload bytes sent before each message
-        #: of this generation and after the last)
-        self._in_flight: deque[tuple[int, list[Outgoing], list[int]]] = deque()
-        #: messages sent in this generation, and their payload bytes
-        self._sent = 0
-        self._sent_bytes = 0
-        self._early: set[int] = set()
+        self._sent = Sent()
         self._pump: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
         self._closing = False
@@ -314,7 +304,7 @@ class Publisher:
             self._restart(generation)
         if self.failure is not None and self.failure[0] == generation:
             return  # nothing is published after a failure
-        if self._sent == self.acked[1] and not self._queue:
+        if not self._sent.waiting() and not self._queue:
             self.progress_at = time.monotonic()  # waiting starts now
         self._queue += batch
         self._publish_soon()
@@ -328,9 +318,7 @@ class Publisher:
         """A new generation: forget the last one's messages (the replay sends them)."""
         self._generation = generation
         self._queue.clear()
-        self._in_flight.clear()
-        self._sent = self._sent_bytes = 0
-        self._early.clear()
+        self._sent.clear()
         self._set_reply()
         self.acked = (generation, 0, 0)
         self.progress_at = time.monotonic()
@@ -346,7 +334,7 @@ class Publisher:
                 return  # lost: _reconnect publishes the queue on the next connection
             # the serials are taken before the await: a restart while nats-py waits (a
             # full pending buffer) starts the next generation's serials at 0 all the same
-            generation, serial, reply = self._generation, self._sent, self._reply
+            generation, serial, reply = self._generation, self._sent.sent, self._reply
             limit = nc.max_payload
             chunk = queue[:CHUNK]
             subjects, payloads, headers = zip(*chunk, strict=True)
@@ -361,7 +349,7 @@ class Publisher:
                 payload_sizes, header_sizes, sizes = payload_sizes[:n], header_sizes[:n], sizes[:n]
             if chunk:
                 del queue[: len(chunk)]
-                self._keep(chunk, payload_sizes)
+                self._sent.keep(chunk, payload_sizes)
                 # one piece in nats-py's pending buffer, written in order with its own
                 # commands; a lost connection leaves the messages in flight, which
                 # _reconnect sends again in order
@@ -372,12 +360,6 @@ class Publisher:
                 if generation == self._generation:
                     self._fail(self._too_large(too_large, limit))
                 return
-
-    def _keep(self, messages: list[Outgoing], sizes: list[int]) -> None:
-        """Keep messages sent (with their payloads' sizes) until they are acknowledged."""
-        ends = list(accumulate(sizes, initial=self._sent_bytes))
-        self._in_flight.append((self._sent, messages, ends))
-        self._sent, self._sent_bytes = self._sent + len(messages), ends[-1]
 
     def _too_large(self, message: Outgoing, limit: int) -> SinkError:
         """The error of a message over the server's max_payload (which would end the
@@ -409,53 +391,19 @@ class Publisher:
 
     def _on_acks(self, reply: bytes, serials: list[bytes]) -> None:
         """A read's run of successful PubAcks (wire.AckParser): the serials after `reply`."""
-        if reply != self._reply:
-            return  # of a connection or generation replaced since
-        count, n = self.acked[1], len(serials)
-        if (
-            self._early
-            or count + n > self._sent
-            or list(map(int, serials)) != list(range(count, count + n))
-        ):
-            for serial in serials:  # not the n messages after the count, in order
-                self._acknowledge(int(serial))
-            return
-        count += n
-        self.acked = (self._generation, count, self._acked_bytes(count))
-        self.progress_at = time.monotonic()
+        if reply == self._reply and self._sent.acknowledge_run(serials):
+            self._acknowledged()
+        # (else of a connection or generation replaced since)
 
     def _acknowledge(self, serial: int) -> None:
         """One message's PubAck."""
-        count = self.acked[1]
-        if serial != count or serial >= self._sent:
-            if count < serial < self._sent:
-                self._early.add(serial)
-            return  # ahead of a gap, a repeat's answer (or not a serial sent)
-        early = self._early
-        count += 1
-        while count in early:
-            early.remove(count)
-            count += 1
-        self.acked = (self._generation, count, self._acked_bytes(count))
+        if self._sent.acknowledge(serial):
+            self._acknowledged()
+
+    def _acknowledged(self) -> None:
+        """The acknowledged count moved: for the sink's thread."""
+        self.acked = (self._generation, self._sent.count, self._sent.size)
         self.progress_at = time.monotonic()
-
-    def _acked_bytes(self, count: int) -> int:
-        """The payload bytes of the first `count` messages sent (count > the acknowledged
-        count, <= those sent); drops the writes acknowledged in whole."""
-        in_flight = self._in_flight
-        while True:
-            first, messages, ends = in_flight[0]
-            if count - first < len(messages) or len(in_flight) == 1:
-                return ends[count - first]
-            in_flight.popleft()
-
-    def _unacknowledged(self) -> list[Outgoing]:
-        """The messages sent and not acknowledged, in their order."""
-        count = self.acked[1]
-        left: list[Outgoing] = []
-        for first, messages, _ in self._in_flight:
-            left += messages[max(count - first, 0) :]
-        return left
 
     def _fail(self, error: SinkError) -> None:
         """End this generation: nothing after the failure is published or acknowledged."""
@@ -498,13 +446,10 @@ class Publisher:
                 log.debug("NATS at %s: %s", self.url, _reason(e))
                 await asyncio.sleep(RECONNECT_WAIT)
         away = time.monotonic() - (self.away_since or 0.0)
-        unacknowledged = self._unacknowledged()
+        unacknowledged = self._sent.resend()
         resent = len(unacknowledged)
         # same serials, same order: the acknowledged count goes on where it stopped
         self._queue[:0] = unacknowledged
-        self._in_flight.clear()
-        self._early.clear()
-        _, self._sent, self._sent_bytes = self.acked
         self.away_since = None
         self.progress_at = time.monotonic()
         log.info(

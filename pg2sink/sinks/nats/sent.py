@@ -1,0 +1,108 @@
+"""The messages a Publisher sent in one generation, kept until JetStream acknowledges
+them, and the count acknowledged with no gap before it.
+
+Kept by write (up to client.CHUNK messages), each with the cumulative sizes of its
+payloads, so that the bytes acknowledged are one lookup and no message is popped one at
+a time; a write is dropped once wholly acknowledged (the last one stays, for its
+sizes). Serials are 0, 1, ... in the order sent; acks come back in order, a run of them
+moves the count in one step, and one ahead of a gap waits in a set. The loop thread's
+own (client.Publisher publishes the count to the sink's thread).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import accumulate
+
+from pg2sink.sinks.nats.wire import Outgoing
+
+__all__ = ["Sent"]
+
+
+class Sent:
+    """See the module docstring."""
+
+    __slots__ = ("_early", "_writes", "count", "sent", "sent_bytes", "size")
+
+    _writes: deque[tuple[int, list[Outgoing], list[int]]]
+    """The writes, oldest first: (serial of the first message, the messages, the payload
+    bytes sent before each message of this generation and after the last)."""
+    _early: set[int]
+    count: int
+    """Messages acknowledged with no gap before them."""
+    size: int
+    """Their payload bytes."""
+    sent: int
+    """Messages sent (the next serial)."""
+    sent_bytes: int
+    """Their payload bytes."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        """A new generation: nothing sent."""
+        self._writes, self._early = deque(), set()
+        self.count = self.size = self.sent = self.sent_bytes = 0
+
+    def resend(self) -> list[Outgoing]:
+        """The messages sent and not acknowledged, in their order, forgotten: they are
+        sent again with the same serials (a new connection)."""
+        left: list[Outgoing] = []
+        for first, messages, _ in self._writes:
+            left += messages[max(self.count - first, 0) :]
+        self._writes.clear()
+        self._early.clear()
+        self.sent, self.sent_bytes = self.count, self.size
+        return left
+
+    def waiting(self) -> bool:
+        """Whether a message sent waits for its acknowledgement."""
+        return self.sent != self.count
+
+    def keep(self, messages: list[Outgoing], sizes: list[int]) -> None:
+        """Messages sent next, and the sizes of their payloads."""
+        ends = list(accumulate(sizes, initial=self.sent_bytes))
+        self._writes.append((self.sent, messages, ends))
+        self.sent, self.sent_bytes = self.sent + len(messages), ends[-1]
+
+    def acknowledge_run(self, serials: list[bytes]) -> bool:
+        """The serials of a read's run of PubAcks; whether the count moved."""
+        count, n = self.count, len(serials)
+        if (
+            self._early
+            or count + n > self.sent
+            or list(map(int, serials)) != list(range(count, count + n))
+        ):  # not the n messages after the count, in order
+            moved = False
+            for serial in serials:
+                moved = self.acknowledge(int(serial)) or moved
+            return moved
+        self._move(count + n)
+        return True
+
+    def acknowledge(self, serial: int) -> bool:
+        """One message's PubAck; whether the count moved."""
+        count = self.count
+        if serial != count or serial >= self.sent:
+            if count < serial < self.sent:
+                self._early.add(serial)
+            return False  # ahead of a gap, a repeat's answer (or not a serial sent)
+        early = self._early
+        count += 1
+        while count in early:
+            early.remove(count)
+            count += 1
+        self._move(count)
+        return True
+
+    def _move(self, count: int) -> None:
+        """The count is `count` (more than it was, at most those sent): its bytes, and
+        the writes acknowledged in whole dropped."""
+        writes = self._writes
+        while True:
+            first, messages, ends = writes[0]
+            if count - first < len(messages) or len(writes) == 1:
+                self.count, self.size = count, ends[count - first]
+                return
+            writes.popleft()
