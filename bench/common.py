@@ -159,33 +159,6 @@ def warm_up_broker(target: KafkaTarget, messages: int = 400_000) -> float:
     return time.monotonic() - started
 
 
-def warm_up_registry(target: KafkaTarget, schemas: int = 300) -> float:
-    """Register `schemas` Avro record schemas (each with a key schema, as pg2sink's Kafka
-    sink registers a table's) under scratch subjects and look each up again; the seconds
-    it took.
-
-    The same reason as warm_up_broker's: the bench starts Apicurio Registry fresh, and a
-    fresh JVM answers its first requests interpreted. A production registry is warm, and
-    pg2sink's Avro run would otherwise pay the cold start at its first table (session 8:
-    its first message came 1.9 s after start, the JSON runs' 1.4-1.5 s)."""
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-
-    client = SchemaRegistryClient({"url": target.registry_url})
-    started = time.monotonic()
-    for i in range(schemas):
-        fields = [
-            {"name": f"c{j}", "type": ["null", "long"], "default": None} for j in range(i % 9 + 1)
-        ]
-        value = {"type": "record", "name": f"warm{i}", "fields": fields}
-        key = {"type": "record", "name": f"warm{i}_key", "fields": fields[:1]}
-        for suffix, avro in (("value", value), ("key", key)):
-            subject = f"bench_warmup.t{i}-{suffix}"
-            schema = Schema(json.dumps(avro), "AVRO")
-            client.register_schema(subject, schema)
-            client.lookup_schema(subject, schema)
-    return time.monotonic() - started
-
-
 # --- the bench table and its slots ------------------------------------------
 
 #: One row as a function of its id `i` (20-39 character names, 2-decimal

@@ -105,7 +105,6 @@ from common import (
     topic_bytes,
     vm_hwm_kib,
     warm_up_broker,
-    warm_up_registry,
 )
 from psycopg import sql
 
@@ -798,7 +797,6 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         dsn = server.dsn()
         kafka = start_kafka(services, tmp, stack)
         print(f"warming the broker up: {warm_up_broker(kafka, 200_000):.1f}s", flush=True)
-        print(f"warming the registry up: {warm_up_registry(kafka):.1f}s", flush=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
             info = machine_info(conn, pg_binary(services, "pg_recvlogical"))
         figures: dict[str, Any] = {"machine": info, "debezium": dbz.version, "java": dbz.java}

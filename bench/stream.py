@@ -144,7 +144,6 @@ from common import (
     topic_message_count,
     vm_hwm_kib,
     warm_up_broker,
-    warm_up_registry,
 )
 from psycopg import sql
 
@@ -497,7 +496,6 @@ def start_targets(
     if kafka is not None:
         print("warming up the broker (400,000 messages to a scratch topic) ...", flush=True)
         print(f"broker warmed up in {warm_up_broker(kafka):.1f} s", flush=True)
-        print(f"registry warmed up in {warm_up_registry(kafka):.1f} s", flush=True)
     nats_server = kinesis = None
     if "nats" in sinks:
         print(f"starting nats-server (JetStream) in {tmp} ...", flush=True)
