@@ -302,7 +302,7 @@ class DuckDBSink:
         """DuckDB's threads for the statements from now on."""
         assert self._con is not None
         if threads != self._threads_now:
-            self._con.execute(f"SET threads = {int(threads)}")
+            self._con.execute("SET threads = ?", [threads])
             self._threads_now = threads
 
     def _set_state(self, lsn: int, position: int) -> None:
