@@ -6,11 +6,15 @@ holds the small functions several test modules would otherwise each write again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
+import services
 from psycopg.rows import TupleRow
 
 from tests.conftest import Pg2Sink, read_jsonl
@@ -41,3 +45,27 @@ def scalar(
     row = conn.execute(query, params).fetchone()
     assert row is not None
     return row[0]
+
+
+class _Server(Protocol):
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+
+_S = TypeVar("_S", bound=_Server)
+
+
+@contextlib.contextmanager
+def own_server(kind: Callable[..., _S], name: str) -> Iterator[_S]:
+    """A server of `kind` (a scripts/services.py class) of the test's own, started in a
+    temporary directory on a free port, so that stopping it disturbs no other test (its
+    store survives a stop and start); removed at the end."""
+    base = Path(tempfile.mkdtemp(prefix=f"pg2sink-{name}-own-"))
+    server = kind(base=base / name, port=services.free_port())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)

@@ -15,11 +15,8 @@ failed the sink for good: every session after it raised the same error until a r
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -35,7 +32,7 @@ from tests.sinks.test_bigquery import PROJECT, bq_rows, pg_rows
 from tests.sinks.test_duckdb import caught_up
 from tests.sinks.test_kafka_health import api_url, status
 from tests.sinks.test_nats import change, table_schema
-from tests.support import FAST, Proc
+from tests.support import FAST, Proc, own_server
 
 #: How long BigQuery stays away, in seconds (the 30 s of the other sinks' outage tests).
 OUTAGE = 30.0
@@ -44,14 +41,8 @@ OUTAGE = 30.0
 @pytest.fixture
 def own_bigquery() -> Iterator[services.LocalBigQuery]:
     """A local-bigquery of the test's own on a free port (its data survives a restart)."""
-    base = Path(tempfile.mkdtemp(prefix="pg2sink-bq-outage-"))
-    server = services.LocalBigQuery(base=base / "bigquery", port=services.free_port())
-    try:
-        server.start()
+    with own_server(services.LocalBigQuery, "bigquery") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def start(

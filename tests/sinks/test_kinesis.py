@@ -14,10 +14,8 @@ from __future__ import annotations
 import itertools
 import logging
 import pickle
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -54,7 +52,7 @@ from pg2sink.sinks.kinesis.sink import KinesisSink, _Marks
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.sinks.test_kafka_health import api_url, status
 from tests.sinks.test_null import import_table
-from tests.support import FAST, Proc
+from tests.support import FAST, Proc, own_server
 from tests.test_services import kinesis_client
 
 if TYPE_CHECKING:
@@ -446,14 +444,8 @@ def test_imports_put_the_schema_once_then_every_row_keyed(
 
 @pytest.fixture
 def own_kinesalite() -> Iterator[services.Kinesalite]:
-    base = Path(tempfile.mkdtemp(prefix="pg2sink-kinesis-own-"))
-    server = services.Kinesalite(base=base / "kinesis", port=services.free_port())
-    try:
-        server.start()
+    with own_server(services.Kinesalite, "kinesis") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -11,16 +11,14 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import unquote
 
 import nats
@@ -55,7 +53,7 @@ from pg2sink.sinks.nats.subjects import escape, table_subject
 from pg2sink.sinks.nats.wire import AckClient, ack_error, msg_id_header
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.test_spark import INTERNAL, check_rows, expected_rows, fill_table, prepare_job
-from tests.support import FAST, Proc
+from tests.support import FAST, Proc, own_server
 
 T = datetime(2026, 11, 24, 4, 20, 0, 123456, tzinfo=UTC)
 
@@ -403,26 +401,9 @@ def test_a_deleted_stream_is_an_error_and_confirms_nothing_after_it(
 # --- a server of the test's own, stopped and started ---------------------------------------
 
 
-S = TypeVar("S", bound=services.NatsServer)
-
-
-@contextlib.contextmanager
-def own_server(kind: type[S]) -> Iterator[S]:
-    """A server of `kind` in a temporary directory of its own, on a free port (its store
-    survives a stop and start)."""
-    base = Path(tempfile.mkdtemp(prefix="pg2sink-nats-own-"))
-    server = kind(base=base / "nats", port=services.free_port())
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
-
-
 @pytest.fixture
 def own_nats() -> Iterator[services.NatsServer]:
-    with own_server(services.NatsServer) as server:
+    with own_server(services.NatsServer, "nats") as server:
         yield server
 
 
@@ -746,7 +727,7 @@ PASSWORD = "Hunter5xyz"
 
 @pytest.fixture
 def password_nats() -> Iterator[PasswordNats]:
-    with own_server(PasswordNats) as server:
+    with own_server(PasswordNats, "nats") as server:
         yield server
 
 
