@@ -9,8 +9,11 @@ https://www.postgresql.org/docs/current/protocol-replication.html
 
 from __future__ import annotations
 
+import array
+import fcntl
 import logging
 import select
+import termios
 import time
 from collections.abc import Callable, Sequence
 from typing import Final, NoReturn
@@ -25,8 +28,20 @@ from pg2sink.logical.lsn import format_lsn
 log = logging.getLogger(__name__)
 
 #: A wait that ends sooner than this means the server is sending a burst; the next wait
-#: then first sleeps this long (see ReplicationStream.wait).
+#: then first sleeps this long, or longer while the burst is fast (see
+#: ReplicationStream.wait).
 COALESCE_SECONDS: Final = 0.001
+#: The longest a burst's sleep grows to: the most a change waits in the socket while
+#: the server streams at COALESCE_GROW_RATE or more.
+COALESCE_MAX_SECONDS: Final = 0.016
+#: In a burst, a wait sleeps unless at least this much is already waiting (about what
+#: libpq reads at once): reads of a few messages each cost the walsender more than
+#: the messages themselves.
+COALESCE_READ_BYTES: Final = 16384
+#: Bytes per second gathered during a sleep at or above which the next sleep doubles,
+#: and below half of which it halves. 2,000 single-row transactions a second send
+#: ~0.4 MB/s: such a trickle stays at COALESCE_SECONDS.
+COALESCE_GROW_RATE: Final = 2 * 1024 * 1024
 
 
 class ReplicationStream:
@@ -41,6 +56,9 @@ class ReplicationStream:
         self.get_copy_data = self.pgconn.get_copy_data
         #: whether the last wait ended within COALESCE_SECONDS (a burst is coming)
         self._busy = False
+        #: how long the next wait in a burst sleeps first (adapted by `_adapt`)
+        self._coalesce = COALESCE_SECONDS
+        self._queued = array.array("i", [0])
         #: how `wait` sleeps in a burst (a test records the calls instead)
         self.sleep: Callable[[float], None] = time.sleep
 
@@ -122,30 +140,48 @@ class ReplicationStream:
     def wait(self, timeout: float, extra_fds: Sequence[int] = ()) -> None:
         """Block until the socket (or an extra fd) is readable or `timeout` passes.
 
-        In a burst (the last wait ended within COALESCE_SECONDS) it first sleeps that
-        long. A loop that keeps up with the walsender would otherwise be woken for every
-        message: each wake-up costs this process a select, a recv and the loop's idle
-        step, and the walsender, whose send wakes it, more than the message itself
-        (measured on bench-stream's file path: 1.2-2.0 s more walsender CPU and
-        0.3-0.9 s more of pg2sink's per 800,000 changes, docs/benchmarks.md). Asleep,
-        pg2sink lets the messages of a millisecond gather in the socket and reads them
-        at once. A first message after a pause is read as soon as it arrives.
+        In a burst (the last wait ended within COALESCE_SECONDS) it first sleeps,
+        unless a read's worth is already waiting. A loop that keeps up with the
+        walsender would otherwise read a few messages at a time: each wake-up costs this
+        process a select, a recv and the loop's idle step, and the walsender more than
+        the messages themselves (its CPU for bench-stream's 800,000 changes behind the
+        null sink: 5.0 s sleeping 1 ms, 4.4 s at 4 ms, 3.6 s at 16 ms;
+        docs/benchmarks.md). The sleep starts at COALESCE_SECONDS, doubles while the
+        server sends at COALESCE_GROW_RATE or more, up to COALESCE_MAX_SECONDS, halves
+        as the burst thins, and starts over after a pause: a first message after a
+        pause is read as soon as it arrives, and a trickle waits at most
+        COALESCE_SECONDS more.
         """
         fds = [self.fileno, *extra_fds]
         # what is already there is read at once: libpq reads a buffer's worth per call
         readable, _, _ = select.select(fds, [], [], 0.0)
+        if self._busy and timeout > self._coalesce and readable in ([], [self.fileno]):
+            before = self._waiting() if readable else 0
+            if before < COALESCE_READ_BYTES:
+                self.sleep(self._coalesce)
+                timeout -= self._coalesce
+                rate = (self._waiting() - before) / self._coalesce
+                if rate >= COALESCE_GROW_RATE:
+                    self._coalesce = min(self._coalesce * 2, COALESCE_MAX_SECONDS)
+                elif rate < COALESCE_GROW_RATE / 2:
+                    self._coalesce = max(self._coalesce / 2, COALESCE_SECONDS)
+                readable = []
         if not readable:
-            if self._busy and timeout > COALESCE_SECONDS:
-                self.sleep(COALESCE_SECONDS)
-                timeout -= COALESCE_SECONDS
             started = time.monotonic()
             readable, _, _ = select.select(fds, [], [], max(timeout, 0.0))
             self._busy = time.monotonic() - started < COALESCE_SECONDS
+            if not self._busy:
+                self._coalesce = COALESCE_SECONDS
         if self.fileno in readable:
             try:
                 self.pgconn.consume_input()
             except psycopg.OperationalError as e:
                 raise ConnectError(f"replication connection lost: {e}") from None
+
+    def _waiting(self) -> int:
+        """Bytes received in the socket and not yet read (FIONREAD)."""
+        fcntl.ioctl(self.fileno, termios.FIONREAD, self._queued)
+        return self._queued[0]
 
     def send(self, payload: bytes) -> None:
         """Queue a CopyData message to the server and push it out."""

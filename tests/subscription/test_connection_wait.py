@@ -1,6 +1,7 @@
-"""ReplicationStream.wait on a real replication connection: it sleeps COALESCE_SECONDS
-first only in a burst (the last wait ended that soon) and only when nothing is already
-waiting in the socket, so a first change after a pause is read as soon as it arrives.
+"""ReplicationStream.wait on a real replication connection: it sleeps first only in a
+burst (the last wait ended within COALESCE_SECONDS) and only while less than a read's
+worth is waiting in the socket, so a first change after a pause is read as soon as it
+arrives; the sleep grows while the burst is fast and starts over after a pause.
 
 Time is not measured here (benchmarks do that, docs/benchmarks.md): the sleeps are
 recorded by a stand-in for time.sleep in the module, and what the wait read is checked
@@ -17,7 +18,13 @@ from psycopg import sql
 
 from pg2sink.catalog.server import connect
 from pg2sink.config import SecretDsn
-from pg2sink.subscription.connection import COALESCE_SECONDS, ReplicationStream
+from pg2sink.subscription.connection import (
+    COALESCE_GROW_RATE,
+    COALESCE_MAX_SECONDS,
+    COALESCE_READ_BYTES,
+    COALESCE_SECONDS,
+    ReplicationStream,
+)
 from tests.conftest import Database, wait_for
 
 SLOT = "wait_coalesce"
@@ -95,14 +102,93 @@ def test_in_a_burst_an_empty_socket_is_given_time_to_fill(
     assert sleeps == [COALESCE_SECONDS]
 
 
-def test_what_is_already_in_the_socket_is_read_without_sleeping(
+def insert_and_wait(db: Database, stream: ReplicationStream, rows: int, at_least: int) -> None:
+    """Insert `rows` rows in one transaction and wait until `at_least` bytes are waiting."""
+    before = stream._waiting()
+    new_ids = "INSERT INTO t SELECT (SELECT coalesce(max(id), 0) FROM t) + g"
+    db.connect().execute(new_ids + " FROM generate_series(1, %s::int) g", (rows,))
+    wait_for(lambda: stream._waiting() - before >= at_least, 30, f"{at_least} bytes in the socket")
+
+
+def test_out_of_a_burst_what_is_waiting_is_read_without_sleeping(
     db: Database, stream: ReplicationStream, sleeps: list[float]
 ) -> None:
     drain(stream)
-    db.connect().execute("INSERT INTO t VALUES (1)")
-    readable = lambda: bool(select.select([stream.fileno], [], [], 0.5)[0])  # noqa: E731
-    wait_for(readable, 30, "the insert's frames in the socket")
-    stream._busy = True  # as in a burst: still no sleep while data is there
+    insert_and_wait(db, stream, 1, 1)
+    stream._busy = False  # a first change after a pause
     stream.wait(1.0)
     assert sleeps == []
     assert drain(stream) >= 1
+
+
+def test_in_a_burst_a_few_waiting_messages_are_given_time_to_gather(
+    db: Database, stream: ReplicationStream, sleeps: list[float]
+) -> None:
+    drain(stream)
+    insert_and_wait(db, stream, 1, 1)
+    assert 0 < stream._waiting() < COALESCE_READ_BYTES
+    stream._busy = True
+    stream.wait(1.0)
+    assert sleeps == [COALESCE_SECONDS]
+    assert drain(stream) >= 1  # and then read
+
+
+def test_in_a_burst_a_reads_worth_is_read_without_sleeping(
+    db: Database, stream: ReplicationStream, sleeps: list[float]
+) -> None:
+    drain(stream)
+    # ~50 bytes per INSERT frame: 2,000 rows leave far more than a read's worth
+    insert_and_wait(db, stream, 2000, COALESCE_READ_BYTES)
+    stream._busy = True
+    stream.wait(1.0)
+    assert sleeps == []
+    assert drain(stream) >= 1
+
+
+def test_the_sleep_grows_with_a_fast_burst_and_starts_over_after_a_pause(
+    db: Database, stream: ReplicationStream
+) -> None:
+    slept: list[float] = []
+
+    def fast_burst(seconds: float) -> None:
+        # while "asleep", the server sends more than COALESCE_GROW_RATE would in that
+        # time: 2,000 rows, ~100 KB, in what counts as `seconds`
+        slept.append(seconds)
+        insert_and_wait(db, stream, 2000, int(COALESCE_GROW_RATE * seconds) + 1)
+
+    stream.sleep = fast_burst
+    drain(stream)
+    for _ in range(4):
+        stream._busy = True
+        assert select.select([stream.fileno], [], [], 0.0)[0] == []
+        stream.wait(1.0)
+        while stream._waiting() or drain(stream):  # read the whole burst
+            stream.pgconn.consume_input()
+    assert slept == [
+        COALESCE_SECONDS,
+        2 * COALESCE_SECONDS,
+        4 * COALESCE_SECONDS,
+        8 * COALESCE_SECONDS,
+    ]
+    assert stream._coalesce == 16 * COALESCE_SECONDS <= COALESCE_MAX_SECONDS
+
+    # a sleep during which little came (one row) halves the next one; the wait then
+    # reads that row at once, so the burst goes on
+    def trickle(seconds: float) -> None:
+        slept.append(seconds)
+        insert_and_wait(db, stream, 1, 1)
+
+    slept.clear()
+    stream.sleep = trickle
+    stream._busy = True
+    stream.wait(1.0)
+    assert slept == [16 * COALESCE_SECONDS]
+    assert stream._busy and stream._coalesce == 8 * COALESCE_SECONDS
+    drain(stream)
+    # a wait that nothing ends within a burst's gap is a pause: the next burst starts over
+    stream.sleep = slept.append
+    for _ in range(20):  # unless the server sends something then (a keepalive)
+        stream.wait(0.05)
+        if not drain(stream):
+            break
+    assert not stream._busy and stream._coalesce == COALESCE_SECONDS
