@@ -433,6 +433,14 @@ def test_file_writer_lines_equal_the_stream_lines(tmp_path: Path, with_columns: 
     assert path.read_bytes() == expected
 
 
+def test_the_driver_jvm_collects_with_the_parallel_collector(runner: SparkRunner) -> None:
+    # DRIVER_GC reaches the JVM that spark-submit starts (in local mode it runs the tasks)
+    jvm = runner.session().sparkContext._jvm
+    beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+    names = {bean.getName() for bean in beans}
+    assert names == {"PS Scavenge", "PS MarkSweep"}, names
+
+
 def test_partitions_follow_the_cores_of_a_local_master(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 6)
     assert target_partitions("local[*]") == 12
