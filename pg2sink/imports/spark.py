@@ -80,6 +80,24 @@ LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 #: the first import: G1 17.83, 18.54 s; Parallel 15.85, 15.29, 15.08 s; Serial 16.13,
 #: 16.12 s (docs/benchmarks.md, "Session 9"). Executors on a cluster keep their own.
 DRIVER_GC = "-XX:+UseParallelGC"
+#: Its heap on transparent huge pages where the kernel gives them on request (Linux's
+#: `madvise` or `always` mode): the same import, alternating, 16.91 and 16.48 s without,
+#: 14.54, 15.59 and 15.24 s with. Not asked for where the kernel never gives them (the
+#: JVM would print a warning for nothing).
+DRIVER_HUGE_PAGES = "-XX:+UseTransparentHugePages"
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def driver_java_options() -> str:
+    """spark.driver.extraJavaOptions: the log configuration, the collector, huge pages."""
+    options = [f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}", DRIVER_GC]
+    try:
+        huge_pages = "[never]" not in THP_SETTING.read_text()
+    except OSError:  # not Linux, or no THP support
+        huge_pages = False
+    if huge_pages:
+        options.append(DRIVER_HUGE_PAGES)
+    return " ".join(options)
 
 
 def services_cache() -> Path:
@@ -197,10 +215,7 @@ class SparkRunner:
             .set("spark.jars", jar)
             .set("spark.ui.enabled", "false")
             .set("spark.ui.showConsoleProgress", "false")
-            .set(
-                "spark.driver.extraJavaOptions",
-                f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} {DRIVER_GC}",
-            )
+            .set("spark.driver.extraJavaOptions", driver_java_options())
             .set(
                 "spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
             )

@@ -28,6 +28,7 @@ from pg2sink.imports.plan import ImportPlan, plan_import
 from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot
 from pg2sink.imports.spark import (
     CLUSTER_PARTITIONS,
+    THP_SETTING,
     ImportTask,
     SparkRunner,
     target_partitions,
@@ -439,6 +440,12 @@ def test_the_driver_jvm_collects_with_the_parallel_collector(runner: SparkRunner
     beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
     names = {bean.getName() for bean in beans}
     assert names == {"PS Scavenge", "PS MarkSweep"}, names
+    # and its heap on huge pages where the kernel gives them on request
+    hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    huge_pages = hotspot.getVMOption("UseTransparentHugePages").getValue()
+    assert huge_pages == ("true" if "[never]" not in THP_SETTING.read_text() else "false")
 
 
 def test_partitions_follow_the_cores_of_a_local_master(monkeypatch: pytest.MonkeyPatch) -> None:
