@@ -2,13 +2,18 @@
 
 Each Spark task appends whole lines, at least a megabyte (or one Arrow batch) at a time,
 to a descriptor opened with O_APPEND, then fsyncs: the partition is marked done only
-after that. Every append goes through `append_lines` (append.py), as the stream's
-FileSink does, so executors and the stream share the file and no line glues to a torn
-one. A batch's lines are built column-wise by Arrow kernels (arrow_lines.py, no Python
-object per value for the common types) around the constant parts of the line
-(changelog/jsonlines.py `import_envelope`); a batch Arrow cannot build (lines beyond a
-string array's 2 GiB) goes through the reference path: the stream's own `record_line`
-per row.
+after that. An import writes a table once and reads none of it back, so every
+RELEASE_BYTES a task asks the kernel to write its pages out and drop them from the page
+cache (`CacheRelease`), as PostgreSQL's bulk writes keep to a ring of buffers: the
+import does not push the database's own pages out of memory, the final fsync finds
+little left to write, and new lines go to pages the kernel has just freed.
+
+Every append goes through `append_lines` (append.py), as the stream's FileSink does, so
+executors and the stream share the file and no line glues to a torn one. A batch's
+lines are built column-wise by Arrow kernels (arrow_lines.py, no Python object per value
+for the common types) around the constant parts of the line (changelog/jsonlines.py
+`import_envelope`); a batch Arrow cannot build (lines beyond a string array's 2 GiB)
+goes through the reference path: the stream's own `record_line` per row.
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ __all__ = ["FileImportTarget", "FileImportWriter"]
 
 #: Bytes of whole lines gathered before one os.write (the FileSink's buffer size).
 WRITE_BYTES = 1 << 20
+
+#: Bytes a task appends between two `CacheRelease` requests. bench-import (5M rows,
+#: about 2 GB of lines, 2 cores): 10.6-11.1 s with a request every 8, 32 or 128 MiB
+#: against 13.7-13.9 s without, pg2sink's CPU 14.5-15.2 s against 18.3-19.1 s
+#: (docs/benchmarks.md, "Session 10").
+RELEASE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -100,15 +111,17 @@ class FileImportWriter:
         """Write every row, fsync; the number of rows (durable when this returns)."""
         fd = FileImportTarget(self.path)._open()
         try:
-            self._write(fd, batches)
+            release = CacheRelease(fd)
+            self._write(fd, batches, release)
             os.fsync(fd)
+            release.written()
         except OSError as e:
             raise SinkError(f"cannot write to {self.path!r}: {e.strerror}") from None
         finally:
             os.close(fd)
         return self.rows
 
-    def _write(self, fd: int, batches: Iterator[pa.RecordBatch]) -> None:
+    def _write(self, fd: int, batches: Iterator[pa.RecordBatch], release: CacheRelease) -> None:
         """Each batch's lines, gathered up to WRITE_BYTES, then appended with one write."""
         seq = self.rows
         pending: list[bytes | memoryview] = []
@@ -127,6 +140,7 @@ class FileImportWriter:
             seq += n
             if size >= WRITE_BYTES:
                 append_lines(fd, pending[0] if len(pending) == 1 else b"".join(pending), self.path)
+                release.appended(size)
                 pending.clear()
                 size = 0
         if pending:
@@ -156,3 +170,40 @@ class FileImportWriter:
             record_line(modification(i, row))
             for i, row in enumerate(self._decoder.rows(batch), start=seq)
         )
+
+
+class CacheRelease:
+    """Asks the kernel, every RELEASE_BYTES appended through `fd`, to start writing the
+    file's pages out and to drop those already written from the page cache
+    (posix_fadvise POSIX_FADV_DONTNEED: Linux starts the writeback of the range's dirty
+    pages without waiting, then drops its clean ones). Each request covers the file from
+    the end of this task's append two requests back: what the previous request started
+    writing is clean by then and goes. Other writers' lines in that range go too; they
+    are on their way to disk like these. Where the call does not exist, nothing."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._since = 0
+        #: the file's size when the task began: its lines are all after it
+        self._begin = os.fstat(fd).st_size
+        #: the file offsets where the last two requests ended
+        self._marks = (self._begin, self._begin)
+
+    def appended(self, size: int) -> None:
+        """`size` more bytes appended through the descriptor."""
+        self._since += size
+        if self._since >= RELEASE_BYTES:
+            self._since = 0
+            end = os.lseek(self.fd, 0, os.SEEK_CUR)
+            self._request(self._marks[0], end)
+            self._marks = (self._marks[1], end)
+
+    def written(self) -> None:
+        """After the fsync every page of the task's lines is clean: drop them all (a
+        range whose writeback had not finished by the request after it is still
+        cached)."""
+        self._request(self._begin, os.fstat(self.fd).st_size)
+
+    def _request(self, start: int, end: int) -> None:
+        if hasattr(os, "posix_fadvise") and end > start:
+            os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
