@@ -86,11 +86,23 @@ DRIVER_GC = "-XX:+UseParallelGC"
 #: JVM would print a warning for nothing).
 DRIVER_HUGE_PAGES = "-XX:+UseTransparentHugePages"
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+#: The C2 compiler takes a method later than HotSpot's defaults (5,000 calls, 15,000
+#: calls and loops, 40,000 loop iterations; three times those here): a session's first
+#: import spent 2.1-2.3 s of CPU in C2 on methods that ran for planning or a moment, and
+#: the rows' hot loops still reach C2 within the first partition. bench-import (5M rows,
+#: file sink, 2 cores): first import 11.10, 11.46 s -> 10.00, 10.08 s (C2 2.22, 2.29 ->
+#: 1.46, 1.53 s of CPU), the second 7.09 -> 7.02 s; ten times the defaults: 10.32 s,
+#: the second 7.07 s (docs/benchmarks.md, "Session 10").
+DRIVER_JIT = (
+    "-XX:Tier4InvocationThreshold=15000 -XX:Tier4CompileThreshold=20000 "
+    "-XX:Tier4BackEdgeThreshold=120000"
+)
 
 
 def driver_java_options() -> str:
-    """spark.driver.extraJavaOptions: the log configuration, the collector, huge pages."""
-    options = [f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}", DRIVER_GC]
+    """spark.driver.extraJavaOptions: the log configuration, the collector, the C2
+    thresholds, huge pages."""
+    options = [f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}", DRIVER_GC, DRIVER_JIT]
     try:
         huge_pages = "[never]" not in THP_SETTING.read_text()
     except OSError:  # not Linux, or no THP support

@@ -28,6 +28,7 @@ from pg2sink.imports.plan import ImportPlan, plan_import
 from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot
 from pg2sink.imports.spark import (
     CLUSTER_PARTITIONS,
+    DRIVER_JIT,
     THP_SETTING,
     ImportTask,
     SparkRunner,
@@ -434,7 +435,7 @@ def test_file_writer_lines_equal_the_stream_lines(tmp_path: Path, with_columns: 
     assert path.read_bytes() == expected
 
 
-def test_the_driver_jvm_collects_with_the_parallel_collector(runner: SparkRunner) -> None:
+def test_the_driver_jvm_options_reach_the_jvm(runner: SparkRunner) -> None:
     # DRIVER_GC reaches the JVM that spark-submit starts (in local mode it runs the tasks)
     jvm = runner.session().sparkContext._jvm
     beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
@@ -446,6 +447,10 @@ def test_the_driver_jvm_collects_with_the_parallel_collector(runner: SparkRunner
     )
     huge_pages = hotspot.getVMOption("UseTransparentHugePages").getValue()
     assert huge_pages == ("true" if "[never]" not in THP_SETTING.read_text() else "false")
+    # and C2 takes methods at DRIVER_JIT's thresholds
+    for option in DRIVER_JIT.split():
+        name, value = option.removeprefix("-XX:").split("=")
+        assert hotspot.getVMOption(name).getValue() == value, name
 
 
 def test_partitions_follow_the_cores_of_a_local_master(monkeypatch: pytest.MonkeyPatch) -> None:
