@@ -90,9 +90,10 @@ THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 #: calls and loops, 40,000 loop iterations; three times those here): a session's first
 #: import spent 2.1-2.3 s of CPU in C2 on methods that ran for planning or a moment, and
 #: the rows' hot loops still reach C2 within the first partition. bench-import (5M rows,
-#: file sink, 2 cores): first import 11.10, 11.46 s -> 10.00, 10.08 s (C2 2.22, 2.29 ->
-#: 1.46, 1.53 s of CPU), the second 7.09 -> 7.02 s; ten times the defaults: 10.32 s,
-#: the second 7.07 s (docs/benchmarks.md, "Session 10").
+#: file sink, 2 cores, four alternating pairs): C2 2.2-2.3 -> 1.5 s of CPU, pg2sink's CPU
+#: 14.5-15.9 -> 13.2-14.7 s; the first import's time 10.4-11.5 -> 10.0-11.0 s, within
+#: the noise in two of the pairs; the second import's unchanged (docs/benchmarks.md,
+#: "Session 10").
 DRIVER_JIT = (
     "-XX:Tier4InvocationThreshold=15000 -XX:Tier4CompileThreshold=20000 "
     "-XX:Tier4BackEdgeThreshold=120000"

@@ -50,7 +50,9 @@ def resident_pages(path: Path) -> int:
         os.close(fd)
 
 
-def append(path: Path, total: int, release: bool) -> list[tuple[int, int]]:
+def append(
+    path: Path, total: int, release: bool, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[int, int]]:
     """`total` bytes appended in CHUNKs, fsynced; with `release`, through CacheRelease.
     The (offset, length) of each posix_fadvise request made."""
     requests: list[tuple[int, int]] = []
@@ -61,22 +63,20 @@ def append(path: Path, total: int, release: bool) -> list[tuple[int, int]]:
         requests.append((offset, length))
         real(fd, offset, length, advice)
 
+    monkeypatch.setattr(os, "posix_fadvise", recorded)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         cache = CacheRelease(fd)
-        os.posix_fadvise = recorded
-        try:
-            for _ in range(total // CHUNK):
-                os.write(fd, b"x" * (CHUNK - 1) + b"\n")
-                if release:
-                    cache.appended(CHUNK)
-            os.fsync(fd)
+        for _ in range(total // CHUNK):
+            os.write(fd, b"x" * (CHUNK - 1) + b"\n")
             if release:
-                cache.written()
-        finally:
-            os.posix_fadvise = real
+                cache.appended(CHUNK)
+        os.fsync(fd)
+        if release:
+            cache.written()
     finally:
         os.close(fd)
+        monkeypatch.setattr(os, "posix_fadvise", real)
     return requests
 
 
@@ -85,9 +85,9 @@ def test_written_pages_are_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     kept, released = tmp_path / "kept", tmp_path / "released"
     # the file already holds a line: the task's requests start after it
     released.write_bytes(b"before\n")
-    assert append(kept, 8 << 20, release=False) == []
+    assert append(kept, 8 << 20, False, monkeypatch) == []
     assert resident_pages(kept) == (8 << 20) // mmap.PAGESIZE
-    requests = append(released, 8 << 20, release=True)
+    requests = append(released, 8 << 20, True, monkeypatch)
     # but the first page, which the line before shares (Linux keeps partial pages)
     assert resident_pages(released) == 1
     # one request per MiB, each from where the one two back ended; then the whole task
