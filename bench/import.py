@@ -17,7 +17,9 @@ Method
    job, exported snapshot, plan_import with `--partitions` partitions, partitions
    saved), then SparkRunner.run (`--spark-master`, default local[*]) into a JSON-lines
    file. Spark's start-up (the SparkSession, one JVM) is started and timed before the
-   run and reported on its own line; the import's time is run() from call to return:
+   run and reported on its own line, with what the driver JVM did with its class
+   archive (imports/class_archive.py: mapped, or recorded by this run for the next;
+   `--spark-class-cache off`: none); the import's time is run() from call to return:
    every row durably written (fsynced) and every partition marked done. The file
    must hold exactly one Modification line per row.
 4. `--sink kafka` (in the default, `both`: file and kafka): a Kafka broker and Apicurio
@@ -315,12 +317,12 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             print(f"table: {args.rows:,} rows of bench-stream's column mix ...", flush=True)
             fill(conn, args.rows)
         apply_migrations(SecretDsn(dsn), INTERNAL)
-        runner = SparkRunner(args.spark_master)
+        runner = SparkRunner(args.spark_master, class_cache=args.spark_class_cache)
         stack.callback(runner.close)
         print(f"starting Spark ({args.spark_master}) ...", flush=True)
         runner.session()
         startup = runner.startup_seconds
-        print(f"  Spark started in {startup:.1f}s", flush=True)
+        print(f"  Spark started in {startup:.1f}s ({archive_text(runner)})", flush=True)
         kafka: KafkaTarget | None = None
         for run in range(1, args.repeat + 1):
             step = f"run {run}/{args.repeat}"
@@ -360,7 +362,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 r = run_duckdb(runner, dsn, tmp / f"import_{run}.duckdb", args)
                 imports.setdefault("pg2sink import, DuckDB sink", []).append(r)
                 print(f"{step}: import to DuckDB {r.seconds:.2f}s, {cpu_text(r)}", flush=True)
-    return report(args, copies, imports, startup, info)
+    return report(args, copies, imports, startup, runner.class_archive_option, info)
 
 
 def run_duckdb(runner: SparkRunner, dsn: str, path: Path, args: argparse.Namespace) -> Run:
@@ -376,6 +378,16 @@ def run_duckdb(runner: SparkRunner, dsn: str, path: Path, args: argparse.Namespa
         raise BenchError(f"{len(files)} staged files hold {staged} rows, not {args.rows}")
     shutil.rmtree(staging_dir(str(path)))
     return r
+
+
+def archive_text(runner: SparkRunner) -> str:
+    """What the driver JVM did with its class archive (imports/class_archive.py)."""
+    option = runner.class_archive_option
+    if "SharedArchiveFile" in option:
+        return "class archive mapped"
+    if "ArchiveClassesAtExit" in option:
+        return "recording the class archive: written at exit, later runs map it"
+    return "no class archive"
 
 
 def cpu_text(r: Run) -> str:
@@ -395,6 +407,7 @@ def report(
     copies: list[Run],
     imports: dict[str, list[Run]],
     startup: float,
+    class_archive_option: str,
     info: dict[str, Any],
 ) -> dict[str, Any]:
     copy_rate = statistics.median(r.rows_per_second for r in copies)
@@ -414,6 +427,7 @@ def report(
         "partitions": args.partitions,
         "spark_master": args.spark_master,
         "spark_startup_seconds": startup,
+        "spark_class_archive_option": class_archive_option,
         "copy": {"seconds": [r.seconds for r in copies], "rows_per_second": copy_rate},
         "machine": info,
     }
@@ -456,6 +470,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="comma-separated: file, kafka, duckdb; both = file,kafka (the default)",
     )
     p.add_argument("--spark-master", default="local[*]", help="default local[*]")
+    p.add_argument(
+        "--spark-class-cache",
+        metavar="DIR",
+        help="pg2sink's --spark-class-cache (default: pg2sink's default directory; "
+        "off: start the driver JVM without a class archive)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="runs of each (default 1)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")

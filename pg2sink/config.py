@@ -238,6 +238,17 @@ class StreamConfig:
         metavar="PATH",
     )
     """PostgreSQL JDBC driver jar of imports (--jdbc-driver); None: the one `make setup` fetched."""
+    spark_class_cache: str | None = flag(
+        None,
+        group=Group.SPARK,
+        help="directory of the Spark driver JVM's class archive: the first import's JVM "
+        "writes it at pg2sink's exit (once, ~10 s), later starts map it (Spark starts ~2 s "
+        "sooner); default: $XDG_CACHE_HOME/pg2sink/spark, else ~/.cache/pg2sink/spark; "
+        "'off': none",
+        metavar="DIR",
+    )
+    """The driver JVM's class archive directory (imports/class_archive.py); None: the
+    default one, 'off': none."""
     messages: bool = flag(
         False,
         group=Group.CHANGES,

@@ -394,5 +394,9 @@ class ImportEngine:
             # spark.pyspark.python setting: without it they run the system python3,
             # which has no pg2sink
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-            self._runner = SparkRunner(self.cfg.spark_master, jdbc_driver=self.cfg.jdbc_driver)
+            self._runner = SparkRunner(
+                self.cfg.spark_master,
+                jdbc_driver=self.cfg.jdbc_driver,
+                class_cache=self.cfg.spark_class_cache,
+            )
         return self._runner

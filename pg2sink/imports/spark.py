@@ -57,6 +57,7 @@ from pg2sink.changelog.batches import ImportTable
 from pg2sink.changelog.records import Schema
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import ConfigError, ImportFailed, Pg2SinkError
+from pg2sink.imports.class_archive import ClassArchive, archive_key, default_cache_dir
 from pg2sink.imports.plan import ImportPlan
 from pg2sink.imports.reads import binary_schema, jdbc_reader, text_query
 from pg2sink.imports.writers import PartitionJob
@@ -186,13 +187,19 @@ class SparkRunner:
         *,
         app_name: str = "pg2sink-import",
         jdbc_driver: str | None = None,
+        class_cache: str | None = None,
     ) -> None:
         self.master = master
         self.app_name = app_name
         self.jdbc_driver = jdbc_driver
+        #: where the driver JVM's class archive lives (class_archive.py); None: the
+        #: default directory, "off": no archive
+        self.class_cache = class_cache
         self._spark: Any = None
         #: seconds the last SparkSession took to start (bench-import reports it)
         self.startup_seconds = 0.0
+        #: the driver JVM's -XX option on its class archive, "" without one
+        self.class_archive_option = ""
 
     # -- session ---------------------------------------------------------------------
 
@@ -221,6 +228,12 @@ class SparkRunner:
                 "imports run on Spark: install pyspark (pip install 'pg2sink[spark]')"
             ) from None
         started = time.monotonic()
+        java_options = driver_java_options()
+        # (a session after close() reuses the running JVM: nothing to map or record)
+        archive = None if SparkContext._gateway else self._class_archive(java_options, jar)
+        if archive is not None:
+            self.class_archive_option = archive.java_option() or ""
+            java_options = f"{java_options} {self.class_archive_option}".rstrip()
         conf = (
             SparkConf()
             .setMaster(self.master)
@@ -228,7 +241,7 @@ class SparkRunner:
             .set("spark.jars", jar)
             .set("spark.ui.enabled", "false")
             .set("spark.ui.showConsoleProgress", "false")
-            .set("spark.driver.extraJavaOptions", driver_java_options())
+            .set("spark.driver.extraJavaOptions", java_options)
             .set(
                 "spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"
             )
@@ -252,6 +265,8 @@ class SparkRunner:
             threading.Thread(
                 target=_log_console, args=(gateway.proc.stdout,), name="spark-console", daemon=True
             ).start()
+            if archive is not None and "ArchiveClassesAtExit" in self.class_archive_option:
+                archive.finish_at_exit(gateway.proc)
             SparkContext(gateway=gateway, conf=conf)
         spark = SparkSession.builder.config(conf=conf).getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
@@ -259,6 +274,13 @@ class SparkRunner:
         log.info("Spark started in %.1fs", self.startup_seconds)
         self._spark = spark
         return spark
+
+    def _class_archive(self, java_options: str, jar: str) -> ClassArchive | None:
+        """The driver JVM's class archive; None if --spark-class-cache is off."""
+        if self.class_cache == "off":
+            return None
+        directory = Path(self.class_cache) if self.class_cache else default_cache_dir()
+        return ClassArchive(directory, archive_key(java_options, jar))
 
     def close(self) -> None:
         spark, self._spark = self._spark, None

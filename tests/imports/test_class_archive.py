@@ -1,0 +1,163 @@
+"""The Spark driver JVM's class archive (imports/class_archive.py).
+
+The bookkeeping runs against real processes (a Python process that behaves like the gateway JVM:
+it writes the file when its stdin closes); the end-to-end test starts real Spark twice
+in fresh Python processes: the first records the archive at its exit, the second maps it
+(its JVM's /proc/PID/maps names the file).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pg2sink.imports.class_archive import (
+    MAGIC,
+    STALE_SECONDS,
+    ClassArchive,
+    archive_key,
+    is_archive,
+)
+from pg2sink.imports.spark import default_jdbc_driver
+
+
+def fake_jvm(
+    writes: Path, status: int, content: bytes = MAGIC + b"rest"
+) -> subprocess.Popen[bytes]:
+    """A process that, like the gateway JVM, writes its archive once its stdin closes."""
+    script = (
+        "import sys; sys.stdin.buffer.read(); "
+        f"open({str(writes)!r}, 'wb').write(bytes.fromhex({content.hex()!r})); sys.exit({status})"
+    )
+    return subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+
+
+def test_the_key_follows_the_jdbc_driver_and_the_options(tmp_path: Path) -> None:
+    jar = tmp_path / "postgresql.jar"
+    jar.write_bytes(b"one")
+    key = archive_key("-XX:+UseParallelGC", str(jar))
+    assert key == archive_key("-XX:+UseParallelGC", str(jar))
+    assert key != archive_key("-XX:+UseSerialGC", str(jar))
+    jar.write_bytes(b"other")
+    assert key != archive_key("-XX:+UseParallelGC", str(jar))
+
+
+def test_without_an_archive_the_jvm_records_one_and_with_one_maps_it(tmp_path: Path) -> None:
+    archive = ClassArchive(tmp_path / "cache", "k1")
+    option = archive.java_option()
+    assert option is not None
+    assert f"-XX:ArchiveClassesAtExit={archive.recording_path}" in option
+    assert archive.recording_path.parent.is_dir()
+    assert not archive.recording_path.exists()  # the JVM creates it
+    archive.path.write_bytes(MAGIC + b"classes")
+    os.utime(archive.path, (1.0, 1.0))
+    assert archive.java_option() == f"-XX:SharedArchiveFile={archive.path}"
+    assert archive.path.stat().st_mtime > time.time() - 60  # in use: not stale
+
+
+def test_a_file_that_is_not_an_archive_is_removed_and_recorded_again(tmp_path: Path) -> None:
+    archive = ClassArchive(tmp_path, "k1")
+    archive.path.write_bytes(b"\0" * 64)
+    option = archive.java_option()
+    assert option is not None and "ArchiveClassesAtExit" in option
+    assert not archive.path.exists()
+
+
+def test_recordings_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = tmp_path / f"spark-k0.{gone.pid}.tmp"
+    alive = tmp_path / f"spark-k0.{os.getppid()}.tmp"
+    dead.write_bytes(MAGIC)
+    alive.write_bytes(MAGIC)
+    ClassArchive(tmp_path, "k1").java_option()
+    assert not dead.exists()
+    assert alive.exists()
+
+
+def test_an_unwritable_directory_means_no_archive(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert ClassArchive(blocker / "cache", "k1").java_option() is None
+
+
+def test_an_archive_is_kept_only_if_its_jvm_exits_with_0(tmp_path: Path) -> None:
+    archive = ClassArchive(tmp_path, "k2")
+    old = tmp_path / "spark-k1.jsa"
+    old.write_bytes(MAGIC)
+    week_ago = time.time() - STALE_SECONDS - 60
+    os.utime(old, (week_ago, week_ago))
+    recent = tmp_path / "spark-k0.jsa"  # another installation's, in use
+    recent.write_bytes(MAGIC)
+    # the JVM fails after writing (a full disk, a crash at exit): nothing is kept
+    assert not archive.finish(fake_jvm(archive.recording_path, 1))
+    assert not archive.path.exists() and not archive.recording_path.exists()
+    assert old.exists()
+    # a file that is not an archive is not kept either
+    assert not archive.finish(fake_jvm(archive.recording_path, 0, b"\0\0\0\0partial"))
+    assert not archive.path.exists() and not archive.recording_path.exists()
+    # status 0 and a whole archive: it takes its name; the set-up's unused for a week goes
+    assert archive.finish(fake_jvm(archive.recording_path, 0))
+    assert archive.path.read_bytes() == MAGIC + b"rest"
+    assert not archive.recording_path.exists()
+    assert not old.exists()
+    assert recent.exists()
+
+
+def test_a_jvm_that_does_not_exit_in_time_is_killed(tmp_path: Path) -> None:
+    archive = ClassArchive(tmp_path, "k3")
+    stuck = subprocess.Popen(["sleep", "60"], stdin=subprocess.PIPE)
+    assert not archive.finish(stuck, timeout=0.5)
+    assert stuck.wait(5) != 0
+    assert not archive.path.exists()
+
+
+SESSION = textwrap.dedent(
+    """
+    import sys
+    from pyspark import SparkContext
+    from pg2sink.imports.spark import SparkRunner
+
+    runner = SparkRunner("local[1]", class_cache=sys.argv[1])
+    spark = runner.session()
+    assert spark.range(1000).count() == 1000
+    maps = open(f"/proc/{SparkContext._gateway.proc.pid}/maps").read()
+    print(runner.class_archive_option)
+    print("mapped" if sys.argv[1] in maps else "not mapped")
+    runner.close()
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(default_jdbc_driver() is None, reason="no JDBC driver: run `make setup`")
+def test_the_first_driver_jvm_records_and_the_next_maps_the_archive(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+
+    def session() -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", SESSION, str(cache)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split("\n")[-3:-1]
+
+    option, mapped = session()
+    assert option.startswith("-XX:ArchiveClassesAtExit="), option
+    assert mapped == "not mapped"
+    archives = list(cache.glob("spark-*.jsa"))
+    assert len(archives) == 1 and is_archive(archives[0])
+    assert archives[0].stat().st_size > 10_000_000  # Spark's classes, not a header
+    assert not list(cache.glob("*.tmp"))
+    option, mapped = session()
+    assert option == f"-XX:SharedArchiveFile={archives[0]}"
+    assert mapped == "mapped"
