@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -145,7 +146,7 @@ class ClassArchive:
             if is_archive(self.path):
                 with contextlib.suppress(OSError):
                     os.utime(self.path)  # in use: not stale (STALE_SECONDS)
-                return f"-XX:SharedArchiveFile={self.path}"
+                return shlex.quote(f"-XX:SharedArchiveFile={self.path}")
             log.warning("%s is not a class archive: removed", self.path)
             self.path.unlink(missing_ok=True)
         try:
@@ -157,8 +158,9 @@ class ClassArchive:
         except OSError as e:
             log.debug("no Spark class archive in %s: %s", self.directory, e)
             return None
-        # the JVM's notes on every class it cannot archive are thousands of lines
-        return f"-XX:ArchiveClassesAtExit={self.recording_path} -Xlog:cds=off"
+        # (quoted: Spark splits the JVM options as a shell would.) The JVM's notes on
+        # every class it cannot archive are thousands of lines.
+        return shlex.quote(f"-XX:ArchiveClassesAtExit={self.recording_path}") + " -Xlog:cds=off"
 
     def _remove_dead_recordings(self) -> None:
         """Recordings of processes gone before their JVM's archive was complete."""

@@ -9,6 +9,7 @@ in fresh Python processes: the first records the archive at its exit, the second
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -59,6 +60,17 @@ def test_without_an_archive_the_jvm_records_one_and_with_one_maps_it(tmp_path: P
     os.utime(archive.path, (1.0, 1.0))
     assert archive.java_option() == f"-XX:SharedArchiveFile={archive.path}"
     assert archive.path.stat().st_mtime > time.time() - 60  # in use: not stale
+
+
+def test_the_option_survives_a_directory_with_spaces(tmp_path: Path) -> None:
+    # Spark splits spark.driver.extraJavaOptions as a shell would
+    archive = ClassArchive(tmp_path / "my cache", "k1")
+    option = archive.java_option()
+    assert option is not None
+    assert shlex.split(option) == [
+        f"-XX:ArchiveClassesAtExit={archive.recording_path}",
+        "-Xlog:cds=off",
+    ]
 
 
 def test_a_file_that_is_not_an_archive_is_removed_and_recorded_again(tmp_path: Path) -> None:
