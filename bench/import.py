@@ -473,8 +473,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--spark-class-cache",
         metavar="DIR",
-        help="pg2sink's --spark-class-cache (default: pg2sink's default directory; "
-        "off: start the driver JVM without a class archive)",
+        help="pg2sink's --spark-class-cache (default: $PG2SINK_SPARK_CLASS_CACHE, else "
+        "pg2sink's default directory; off: start the driver JVM without a class archive)",
     )
     p.add_argument("--repeat", type=int, default=1, help="runs of each (default 1)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON")

@@ -32,10 +32,10 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import services  # noqa: E402
 
-# The pg2sink processes tests start keep no Spark class archive (imports/class_archive.py):
-# in a fresh clone each would record one, spending ~9 s of CPU at its exit beside the tests
-# that follow (and a stopped process would wait for it). tests/imports/test_class_archive.py
-# tests the archive; the SparkRunners of this process use the default directory.
+# Tests keep no Spark class archive (imports/class_archive.py), in this process or the
+# pg2sink processes they start: in a fresh clone each would record one, spending ~9 s of
+# CPU at its exit beside the tests that follow (and a stopped process would wait for it).
+# tests/imports/test_class_archive.py tests the archive in directories of its own.
 os.environ.setdefault("PG2SINK_SPARK_CLASS_CACHE", "off")
 
 

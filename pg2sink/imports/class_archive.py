@@ -15,12 +15,17 @@ An archive is used only after the JVM that wrote it exited with status 0 and the
 was fsynced: HotSpot maps the file without checking its length, and a truncated archive
 crashes the JVM with SIGBUS (measured with Java 17: the first 50 MB of a 165 MB
 archive), so a recording cut short (pg2sink killed, the machine down) is never used; its
-file is removed by the next start. The key hashes what an archive depends on: the
-`java` spark-submit runs, Spark's jars, the JDBC driver jar and the JVM options; a
-change gives a new archive, and archives unused for a week are removed when a new one
-is kept. A JVM that still
-rejects an archive (a different build behind the same path) starts without it and says
-so on its console (pg2sink's debug log).
+file is removed by the next start.
+
+The key hashes what decides whether HotSpot can use an archive: the `java` spark-submit
+runs, Spark's jars (the class path it checks) and the JVM's -XX options. Not the JDBC
+driver jar: its classes come through Spark's own class loader, and HotSpot takes such a
+class from the archive only if the class file's size and CRC match, else loads it from
+the jar. Nor the log configuration's path: a test's or a bench's copy of pg2sink maps
+the same archive instead of recording its own. A change gives a new archive, and
+archives unused for a week are removed when a new one is kept. A JVM that still rejects
+an archive (a different build behind the same path) starts without it and says so on
+its console (pg2sink's debug log).
 
 Measured (bench-import, 5M rows, file sink, local[*] on 2 cores, docs/benchmarks.md
 "Session 11", alternating runs): Spark's start 4.1-5.0 -> 2.6-3.0 s, the session's first
@@ -42,13 +47,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ClassArchive", "default_cache_dir"]
+__all__ = ["CLASS_CACHE_ENV", "ClassArchive", "archive_key", "default_cache_dir"]
 
 log = logging.getLogger(__name__)
 
 #: The first four bytes of a dynamic archive (HotSpot's CDS_DYNAMIC_ARCHIVE_MAGIC,
 #: 0xf00baba8, little-endian): a file without them is not one.
 MAGIC = bytes.fromhex("a8ab0bf0")
+#: The environment variable of --spark-class-cache, read also where no option is parsed
+#: (a SparkRunner made by a bench or a test).
+CLASS_CACHE_ENV = "PG2SINK_SPARK_CLASS_CACHE"
 #: How long pg2sink waits at exit for a recording JVM to write its archive.
 WRITE_TIMEOUT = 300.0
 #: Other set-ups' archives unused this long are removed when a new one is kept: another
@@ -91,14 +99,15 @@ def _spark_jars() -> list[str]:
     return sorted(str(p) for p in jars.glob("*.jar"))
 
 
-def archive_key(java_options: str, jdbc_driver: str) -> str:
-    """What an archive depends on, hashed (16 hex digits)."""
+def archive_key(java_options: str) -> str:
+    """What decides whether HotSpot can use an archive, hashed (16 hex digits): the java,
+    Spark's jars, the -XX options among `java_options`."""
     digest = hashlib.sha256()
+    vm_options = [o for o in shlex.split(java_options) if o.startswith("-XX:")]
     for part in (
         _file_identity(_java()),
         *(_file_identity(jar) for jar in _spark_jars()),
-        _file_identity(jdbc_driver),
-        java_options,
+        *vm_options,
     ):
         digest.update(part.encode())
         digest.update(b"\0")

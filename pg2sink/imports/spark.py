@@ -57,7 +57,12 @@ from pg2sink.changelog.batches import ImportTable
 from pg2sink.changelog.records import Schema
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import ConfigError, ImportFailed, Pg2SinkError
-from pg2sink.imports.class_archive import ClassArchive, archive_key, default_cache_dir
+from pg2sink.imports.class_archive import (
+    CLASS_CACHE_ENV,
+    ClassArchive,
+    archive_key,
+    default_cache_dir,
+)
 from pg2sink.imports.plan import ImportPlan
 from pg2sink.imports.reads import binary_schema, jdbc_reader, text_query
 from pg2sink.imports.writers import PartitionJob
@@ -192,8 +197,9 @@ class SparkRunner:
         self.master = master
         self.app_name = app_name
         self.jdbc_driver = jdbc_driver
-        #: where the driver JVM's class archive lives (class_archive.py); None: the
-        #: default directory, "off": no archive
+        #: where the driver JVM's class archive lives (class_archive.py); None:
+        #: $PG2SINK_SPARK_CLASS_CACHE (what --spark-class-cache reads too), else the
+        #: default directory; "off": no archive
         self.class_cache = class_cache
         self._spark: Any = None
         #: seconds the last SparkSession took to start (bench-import reports it)
@@ -230,7 +236,7 @@ class SparkRunner:
         started = time.monotonic()
         java_options = driver_java_options()
         # (a session after close() reuses the running JVM: nothing to map or record)
-        archive = None if SparkContext._gateway else self._class_archive(java_options, jar)
+        archive = None if SparkContext._gateway is not None else self._class_archive(java_options)
         if archive is not None:
             self.class_archive_option = archive.java_option() or ""
             java_options = f"{java_options} {self.class_archive_option}".rstrip()
@@ -275,12 +281,13 @@ class SparkRunner:
         self._spark = spark
         return spark
 
-    def _class_archive(self, java_options: str, jar: str) -> ClassArchive | None:
-        """The driver JVM's class archive; None if --spark-class-cache is off."""
-        if self.class_cache == "off":
+    def _class_archive(self, java_options: str) -> ClassArchive | None:
+        """The driver JVM's class archive; None if it is off."""
+        where = self.class_cache or os.environ.get(CLASS_CACHE_ENV) or None
+        if where == "off":
             return None
-        directory = Path(self.class_cache) if self.class_cache else default_cache_dir()
-        return ClassArchive(directory, archive_key(java_options, jar))
+        directory = Path(where) if where else default_cache_dir()
+        return ClassArchive(directory, archive_key(java_options))
 
     def close(self) -> None:
         spark, self._spark = self._spark, None
