@@ -155,7 +155,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
     Imports are off (PG2SINK_NO_IMPORTS=1): tests that start pg2sink on tables holding
     rows would otherwise see IMPORT records and start Spark. tests/imports/ opts in
-    with PG2SINK_NO_IMPORTS=0."""
+    with PG2SINK_NO_IMPORTS=0. The Spark class archive is off, as in this process (the
+    note at the top)."""
     # PG2SINK_IMPL passes: the implementation under test (make test runs under each)
     env = {
         k: v
@@ -164,6 +165,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     }
     env["PG2SINK_METRICS_ADDRESS"] = "127.0.0.1:0"
     env["PG2SINK_NO_IMPORTS"] = "1"
+    env["PG2SINK_SPARK_CLASS_CACHE"] = "off"
     env.update(extra)
     return env
 

@@ -80,7 +80,7 @@ def _java() -> str:
 
 
 def _file_identity(path: str) -> str:
-    """A file's real path, size and modification time ('' parts if it is missing)."""
+    """A file's real path, size and modification time (`:missing` for a missing file)."""
     real = os.path.realpath(path)
     try:
         st = os.stat(real)
