@@ -60,7 +60,8 @@ Method
    - nats: nats-server with JetStream; `--nats-subject-prefix` fresh, the
      stream pg2sink creates (its default name); the messages on the table's
      subject from JetStream's stream info (its Schema record has its own
-     subject). Target >= 0.8.
+     subject), then the stream is deleted, so the next run meets the server as
+     the first did. Target >= 0.8.
    - kinesis: kinesalite; pg2sink creates a 4-shard stream
      (`--kinesis-create-stream 4`, inside its timed run); the Modification
      records read back with GetRecords over every shard (JSON lines: the
@@ -563,10 +564,16 @@ class Output:
 
 
 async def _nats_subject_state(url: str, stream: str, subject: str) -> tuple[int, int]:
-    """(messages on `subject`, bytes of the whole stream) from JetStream's stream info."""
+    """(messages on `subject`, bytes of the whole stream) from JetStream's stream info;
+    then the stream is deleted, so that every run meets the same server: a stream's
+    de-duplication map (one entry per Nats-Msg-Id, kept for its duplicate window) stays
+    in nats-server's heap, and its garbage collector scanned the earlier runs' maps during
+    the later runs (measured: the server's CPU grew from run to run)."""
     nc = await nats.connect(url)
     try:
-        info = await nc.jetstream().stream_info(stream, subjects_filter=subject)
+        js = nc.jetstream()
+        info = await js.stream_info(stream, subjects_filter=subject)
+        await js.delete_stream(stream)
     finally:
         await nc.close()
     return (info.state.subjects or {}).get(subject, 0), info.state.bytes
@@ -883,9 +890,11 @@ def report(
     print(f"(medians of {repeat} runs; peak RSS is the maximum)")
     for name, runs in sink_runs.items():
         print(f"({name} output check, run 1: {runs[0].extra['output_note']})")
-        server = _median([s.extra.get("server_cpu_seconds") for s in runs])
+        server_cpu = [s.extra.get("server_cpu_seconds") for s in runs]
+        server = _median(server_cpu)
         if server is not None:
-            print(f"({name}: its server's CPU s during a run, median: {server:.2f})")
+            each = ", ".join(_fmt(c, ".2f") for c in server_cpu)
+            print(f"({name}: its server's CPU s during a run, median: {server:.2f}; runs: {each})")
     print()
     for name in sink_runs:
         print(
