@@ -493,6 +493,30 @@ def test_a_server_away_too_long_while_writes_wait_is_unavailable(
     assert [m.value["after"]["id"] for m in got][:2] == [1, 2]
 
 
+def test_writes_wait_for_room_when_every_transaction_asks_for_acknowledgements(
+    own_nats: services.NatsServer, topic_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Single-row transactions: the stream asks for acknowledgements after each commit,
+    which hands the batch over before it fills; the room check must still run."""
+    monkeypatch.setattr(nats_sink, "MAX_IN_FLIGHT", 100)
+    cfg = NatsConfig(nats_url=own_nats.url, nats_subject_prefix=topic_prefix, nats_ack_timeout=1.0)
+    with opened(cfg) as sink:
+        publish_one(sink, 1)
+        assert sink.flush() == 1101
+        own_nats.stop()
+        written = 1
+        with pytest.raises(SinkUnavailableError, match="unreachable for more than"):
+            for i in range(2, 2000):
+                sink.write(change(i))
+                written = i
+                sink.checkpoint(1100 + i)
+                sink.acknowledged()
+        # the write that found no room waited, then raised: at most MAX_IN_FLIGHT + 1
+        # messages were handed over unacknowledged (1,998 without the check)
+        assert written <= 1 + 100 + 1, written
+        own_nats.start()
+
+
 # --- end to end through the CLI ----------------------------------------------------------
 
 
