@@ -72,6 +72,15 @@ def test_names_are_escaped_injectively_into_one_token() -> None:
     assert table_subject("pg.x", "my schema", "t.1") == "pg.x.my%20schema.t%2E1"
 
 
+def test_a_changes_message_id_is_lsn_sequence_and_subject_with_any_name() -> None:
+    """The header block made per table once (a subject with '%' escapes in it)."""
+    for name in ("t", "50%", "my.t%2E"):
+        table = nats_sink._Table("p%d", table_schema(name))
+        assert table.subject.startswith(b"p%d.public.")  # a '%' of its own: not a format
+        header = table.change_header % (16777216, 3)
+        assert header == msg_id_header(b"16777216:3:" + table.subject)
+
+
 def test_url_secrets_and_the_url_shown() -> None:
     assert url_secrets("nats://me:hunter2@h:4222") == ["hunter2"]
     assert url_secrets("nats://s3cret-token@h:4222") == ["s3cret-token"]

@@ -79,11 +79,14 @@ _CHANGE_HEADER = b"NATS/1.0\r\nNats-Msg-Id: %d:%d:%s\r\n\r\n"
 class _Table:
     """A table's subjects and its key columns, found once per Schema record."""
 
-    __slots__ = ("key", "schema_subject", "subject")
+    __slots__ = ("change_header", "key", "schema_subject", "subject")
 
     def __init__(self, prefix: str, schema: Schema) -> None:
         self.subject = table_subject(prefix, schema.namespace, schema.name).encode()
         self.schema_subject = self.subject + b".schema"
+        #: a change's header block from its (LSN, sequence): `_CHANGE_HEADER` with the
+        #: subject already in (a 2-field formatting per change instead of 3)
+        self.change_header = _CHANGE_HEADER.replace(b"%s", self.subject.replace(b"%", b"%%"))
         self.key = tuple(schema.primary_key or schema.schema.get("pg.primary_key") or ())
 
 
@@ -166,7 +169,7 @@ class NatsSink:
             if m.operation is Operation.IMPORT:
                 header = _import_header(m, table)
             else:
-                header = _CHANGE_HEADER % (m.lsn, m.sequence, table.subject)
+                header = table.change_header % (m.lsn, m.sequence)
             self._put(table.subject, self._payload.change(m), header)
         elif isinstance(record, Message):
             subject = self._messages_subject
@@ -207,7 +210,13 @@ class NatsSink:
         payload = lines.encode(
             timestamp, sequence, lsn, xid, operation, namespace, name, after, before
         )
-        self._put(table.subject, payload, _CHANGE_HEADER % (lsn, sequence, table.subject))
+        # _put, inlined: this runs once per change (a call is ~2% of its instructions)
+        batch = self._batch
+        batch.append((table.subject, payload, table.change_header % (lsn, sequence)))
+        self._written += 1
+        self._written_bytes += len(payload)
+        if len(batch) >= self._batch_limit:
+            self._hand_over()
 
     def publish(
         self,
@@ -234,9 +243,13 @@ class NatsSink:
         self._written += 1
         self._written_bytes += len(payload)
         if len(batch) >= self._batch_limit:
-            self._submit()
-            if self._no_room():
-                self._wait_for_room()
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """The batch is full: hand it over, and wait while there is no room."""
+        self._submit()
+        if self._no_room():
+            self._wait_for_room()
 
     def _submit(self) -> None:
         """Hand the batch to the loop thread."""
