@@ -482,15 +482,25 @@ def test_a_frozen_server_gets_a_new_connection_after_the_ack_timeout(
     assert [m.value["after"]["id"] for m in got] == [1, 2]
 
 
-def test_a_server_away_too_long_while_writes_wait_is_unavailable(
+@contextlib.contextmanager
+def room_for_100_and_server_stopped(
     own_nats: services.NatsServer, topic_prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> Iterator[NatsSink]:
+    """A sink with room for 100 messages in flight, change 1 acknowledged, then its
+    server stopped (an ack timeout of 1s)."""
     monkeypatch.setattr(nats_sink, "MAX_IN_FLIGHT", 100)
     cfg = NatsConfig(nats_url=own_nats.url, nats_subject_prefix=topic_prefix, nats_ack_timeout=1.0)
     with opened(cfg) as sink:
         publish_one(sink, 1)
         assert sink.flush() == 1101
         own_nats.stop()
+        yield sink
+
+
+def test_a_server_away_too_long_while_writes_wait_is_unavailable(
+    own_nats: services.NatsServer, topic_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with room_for_100_and_server_stopped(own_nats, topic_prefix, monkeypatch) as sink:
         with pytest.raises(SinkUnavailableError, match="unreachable for more than"):
             for i in range(2, 2000):  # room for 100 only
                 sink.write(change(i))
@@ -507,12 +517,7 @@ def test_writes_wait_for_room_when_every_transaction_asks_for_acknowledgements(
 ) -> None:
     """Single-row transactions: the stream asks for acknowledgements after each commit,
     which hands the batch over before it fills; the room check must still run."""
-    monkeypatch.setattr(nats_sink, "MAX_IN_FLIGHT", 100)
-    cfg = NatsConfig(nats_url=own_nats.url, nats_subject_prefix=topic_prefix, nats_ack_timeout=1.0)
-    with opened(cfg) as sink:
-        publish_one(sink, 1)
-        assert sink.flush() == 1101
-        own_nats.stop()
+    with room_for_100_and_server_stopped(own_nats, topic_prefix, monkeypatch) as sink:
         written = 1
         with pytest.raises(SinkUnavailableError, match="unreachable for more than"):
             for i in range(2, 2000):
