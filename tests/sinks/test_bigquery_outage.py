@@ -25,8 +25,10 @@ import services
 
 from pg2sink.errors import SinkUnavailableError
 from pg2sink.sinks.bigquery import sink as bigquery_sink
+from pg2sink.sinks.bigquery.api import upload_retries
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.sink import BigQuerySink
+from pg2sink.sinks.bigquery.warehouse import Warehouse
 from tests.conftest import Database, Pg2Sink, wait_for
 from tests.sinks.test_bigquery import PROJECT, bq_rows, pg_rows
 from tests.sinks.test_duckdb import caught_up
@@ -99,7 +101,7 @@ def test_a_30s_outage_is_waited_out_and_every_change_is_loaded_once(
     confirmed = db.slot_confirmed_lsn()
     assert confirmed is not None and confirmed < first_in_outage  # nothing confirmed early
     code, during = status(api_url(p))
-    assert code == 500 and "Connection refused" in during["problems"]["sink"], during
+    assert code == 500 and "Connection refused" in during["problems"]["sink"], (during, p.stderr())
     own_bigquery.start()
     conn.execute("INSERT INTO kv VALUES (%s, 'after')", (last + 1,))
     caught_up(db, timeout=60)
@@ -192,3 +194,43 @@ def test_a_full_batch_behind_a_commit_in_an_outage_is_dropped_and_loaded_once_la
     )
     assert lsns == [(1000 + i, 1) for i in range(1, 6)]
     assert caplog.text.count("the sink answers again") == 1
+
+
+def test_a_load_upload_to_a_server_gone_away_gives_up_within_the_retry_deadline(
+    own_bigquery: services.LocalBigQuery, topic_prefix: str
+) -> None:
+    """A load's upload (google-resumable-media, which takes no `retry`) is held to
+    --bigquery-retry-deadline too: with the client's default of 6 retries it gave up after
+    65 s, so a server stopped between a batch's job lookup and its upload went unreported
+    for over a minute (CI saw GET /status say ok 30 s into an outage)."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    config = BigQueryConfig(
+        bigquery_project=PROJECT,
+        bigquery_dataset=f"d_{topic_prefix}",
+        bigquery_endpoint=own_bigquery.url,
+        bigquery_retry_deadline=2.0,
+    )
+    warehouse = Warehouse(config, "slot")
+    try:
+        own_bigquery.stop()
+        started = time.monotonic()
+        with pytest.raises(SinkUnavailableError, match="Connection refused"):
+            warehouse.load("t_raw", pa.table({"a": [1]}), "job")
+        assert time.monotonic() - started < 10
+        started = time.monotonic()
+        with pytest.raises(SinkUnavailableError, match=r"load t_raw: .*Connection refused"):
+            warehouse._start_load("t_raw", pa.table({"a": [1]}), "job_0")
+        assert time.monotonic() - started < 10
+    finally:
+        warehouse.close()
+
+
+@pytest.mark.parametrize(
+    ("deadline", "retries"), [(0.5, 0), (1.0, 1), (3.0, 2), (63.0, 6), (600.0, 14)]
+)
+def test_the_upload_retries_are_the_waits_that_fit_in_the_deadline(
+    deadline: float, retries: int
+) -> None:
+    # waits of 1, 2, 4, ... 64, 64 ... s: 3 s holds 1 + 2; 600 s holds 63 + 8 * 64
+    assert upload_retries(deadline) == retries

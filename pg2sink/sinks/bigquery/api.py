@@ -15,7 +15,12 @@ from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.schema import Field
 
-__all__ = ["client", "field_of", "one_line", "request_error", "schema_fields"]
+__all__ = ["client", "field_of", "one_line", "request_error", "schema_fields", "upload_retries"]
+
+#: google-resumable-media's waits between a load upload's attempts: 1 s, doubling, at
+#: most 64 s (its RetryStrategy)
+_UPLOAD_FIRST_WAIT = 1.0
+_UPLOAD_MAX_WAIT = 64.0
 
 
 def client(config: BigQueryConfig) -> bigquery.Client:
@@ -55,6 +60,17 @@ def request_error(what: str, error: Exception) -> SinkError:
     ) and not isinstance(cause, google_errors.MethodNotImplemented)
     kind = SinkUnavailableError if transient or cause is None else SinkError
     return kind(f"bigquery: {what}: {one_line(error)}")
+
+
+def upload_retries(deadline: float) -> int:
+    """How many times a load's upload may be retried for its waits to fit in `deadline`
+    seconds. The upload takes no `retry`: left at the client's default (6 retries, 63 s
+    of waits), an upload that meets a server gone away would hold the batch past
+    --bigquery-retry-deadline, and the outage would go unreported for a minute."""
+    retries, waited, wait = 0, 0.0, _UPLOAD_FIRST_WAIT
+    while waited + wait <= deadline:
+        retries, waited, wait = retries + 1, waited + wait, min(wait * 2, _UPLOAD_MAX_WAIT)
+    return retries
 
 
 def field_of(field: bigquery.SchemaField) -> Field:

@@ -36,6 +36,7 @@ from pg2sink.sinks.bigquery.api import (
     one_line,
     request_error,
     schema_fields,
+    upload_retries,
 )
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.schema import (
@@ -96,6 +97,8 @@ class Warehouse:
         #: not run again by the client (job_retry=None: its retry of the job's insert
         #: lasts 10 minutes whatever this says), a batch is (sinks/batching.py)
         self.retry = bigquery.DEFAULT_RETRY.with_timeout(config.bigquery_retry_deadline)
+        #: a load's upload is retried by google-resumable-media, which counts attempts
+        self.upload_retries = upload_retries(config.bigquery_retry_deadline)
 
     def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)`; BigQuery's refusals as SinkError, an unreachable server
@@ -400,7 +403,11 @@ class Warehouse:
         config.parquet_options = options
         try:
             return self.client.load_table_from_file(
-                buffer, f"{self.dataset}.{table}", job_id=jid, job_config=config
+                buffer,
+                f"{self.dataset}.{table}",
+                job_id=jid,
+                job_config=config,
+                num_retries=self.upload_retries,
             )
         except google_errors.Conflict:
             return None
