@@ -14,7 +14,13 @@ from enum import StrEnum
 from typing import Any
 
 from pg2sink.errors import ConfigError
-from pg2sink.options import duration, factor, flag, format_duration, parse_duration
+from pg2sink.options import (
+    duration,
+    factor,
+    flag,
+    format_duration,
+    parse_duration_or_zero,
+)
 from pg2sink.routing.config import GROUP as ROUTING_GROUP
 from pg2sink.routing.config import RoutingConfig
 
@@ -37,11 +43,6 @@ class Group(StrEnum):
     IMPORTS = "imports (docs/imports.md)"
     SPARK = "import runner (Spark)"
     LOGGING = "logging"
-
-
-def _duration_or_zero(text: str) -> float:
-    """A duration (options.parse_duration), or 0 for none."""
-    return 0.0 if text.strip() == "0" else parse_duration(text)
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ class StreamConfig:
         help="keep the confirmed LSN this far (commit time) behind what the sink "
         "acknowledged, so the server keeps that much WAL for a replay; uses the server's "
         "disk (docs/replay.md); 0: off",
-        parse=_duration_or_zero,
+        parse=parse_duration_or_zero,
         show=format_duration,
         metavar="DURATION",
     )

@@ -113,6 +113,11 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}"
 
 
+def parse_duration_or_zero(text: str) -> float:
+    """A duration (parse_duration), or 0 for none."""
+    return 0.0 if text.strip() in ("0", "0s") else parse_duration(text)
+
+
 def duration(default: float, group: str, help: str) -> Any:
     """A field of seconds given as a duration (10s, 500ms, 2m)."""
     return flag(

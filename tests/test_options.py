@@ -41,6 +41,7 @@ SAMPLES: dict[str, list[str]] = {
     "nats_duplicate_window": ["10m"],
     "nats_config": [str(Path(__file__).parent / "sinks" / "nats-context.json")],
     "wal_retain": ["1h"],
+    "bigquery_load_interval": ["2m"],
     "only": ["public.a=insert", "b=update,delete"],
     "exclude_columns": ["public.a.x", "b.y"],
     "mask_columns": ["public.a.x=redact", "b.y=truncate:2"],

@@ -24,6 +24,13 @@ PostgreSQL sends those transactions again), so memory holds two batches at most.
 sends it again. `report_outages_to(callback)`: the callback gets the reason when an
 outage starts and "" when it ends (GET /status, through the stream's stats).
 
+Spacing (`min_interval`, the BigQuery sink's --bigquery-load-interval): a batch that holds
+records is committed at least `min_interval` seconds after the previous such commit
+started; `start_flush()` before then leaves it to grow (BigQuery counts every load job
+against a table's daily quota, whatever its size). A batch of checkpoints only (the
+keepalive positions of an idle stream) is not held, nor is a full batch (`max_records`:
+memory comes first), nor `flush()` (a stop).
+
 Chunks (a sink that gives `Chunks`): a transaction of `chunk_records` records is not held
 whole. The batch before it is committed first; then its records go to `Chunks.write_chunk` a
 chunk at a time on the background thread (one chunk written while the next is held),
@@ -85,9 +92,13 @@ class BackgroundCommits:
         chunks: Chunks | None = None,
         chunk_records: int = 0,
         where: str | None = None,
+        min_interval: float = 0.0,
     ) -> None:
         self._commit = commit
         self._max_records = max_records
+        self._min_interval = min_interval
+        #: when the last commit of records started (monotonic; Spacing)
+        self._last_records_commit = -float("inf")
         self._chunks = chunks
         self._chunk_records = chunk_records if chunks is not None else 0
         self._where = where
@@ -173,13 +184,22 @@ class BackgroundCommits:
                     f"{self.outage} (a full batch waits behind it: the stream starts again "
                     "from the last confirmed LSN once it is loaded)"
                 )
-            self.start_flush()
+            self._start(spaced=False)
 
     def start_flush(self) -> None:
-        """Start committing the batch in the background, unless a commit is running."""
+        """Start committing the batch in the background, unless a commit is running or the
+        batch waits for its turn (Spacing)."""
+        self._start(spaced=True)
+
+    def _start(self, spaced: bool) -> None:
         self._collect()
         if self._in_flight is not None or not self._batch_lsn:
             return
+        if self._batch:
+            now = time.monotonic()
+            if spaced and now < self._last_records_commit + self._min_interval:
+                return
+            self._last_records_commit = now
         batch, lsn = self._batch, self._batch_lsn
         self._batch, self._batch_lsn = [], 0
         self._submit(batch, lsn)
@@ -189,7 +209,7 @@ class BackgroundCommits:
         waits out an outage: then what is acknowledged so far)."""
         self._wait()
         if self._batch_lsn:
-            self.start_flush()
+            self._start(spaced=False)
             self._wait()
         return self._acked
 

@@ -31,6 +31,9 @@ from tests.sinks.test_duckdb import BIG, caught_up, create_workload_tables, norm
 from tests.support import FAST, Proc
 
 PROJECT = "pg2sink-tests"
+#: tests load each batch as it comes (test_batches_are_spaced_by_the_load_interval
+#: keeps the default's spacing)
+UNSPACED = ("--bigquery-load-interval", "0s")
 
 
 @pytest.fixture
@@ -51,10 +54,10 @@ def config(endpoint: str, dataset: str) -> BigQueryConfig:
     )
 
 
-def start(proc: Proc, endpoint: str, dataset: str) -> Pg2Sink:
+def start(proc: Proc, endpoint: str, dataset: str, load_interval: str = "0s") -> Pg2Sink:
     p = proc(
         "--sink", "bigquery", "--bigquery-project", PROJECT, "--bigquery-dataset", dataset,
-        "--bigquery-endpoint", endpoint, *FAST,
+        "--bigquery-endpoint", endpoint, "--bigquery-load-interval", load_interval, *FAST,
     ).start()  # fmt: skip
     p.wait_streaming(60)
     return p
@@ -197,7 +200,8 @@ def test_a_tables_existing_rows_are_imported(
     )
     p = pg2sink_proc(
         "--sink", "bigquery", "--bigquery-project", PROJECT, "--bigquery-dataset", dataset,
-        "--bigquery-endpoint", bigquery_endpoint, *FAST, env={"PG2SINK_NO_IMPORTS": "0"},
+        "--bigquery-endpoint", bigquery_endpoint, *FAST, *UNSPACED,
+        env={"PG2SINK_NO_IMPORTS": "0"},
     ).start()  # fmt: skip
     p.wait_streaming(60)
     wait_imported(db, {"public.old"}, p)
@@ -240,6 +244,34 @@ def test_a_batch_loaded_again_under_its_job_id_is_loaded_once(
             warehouse.client.get_job(f"{job}_1")
     finally:
         warehouse.close()
+
+
+def test_batches_are_spaced_by_the_load_interval_and_idle_positions_load_nothing(
+    db: Database, conn: psycopg.Connection[Any], pg2sink_proc: Proc, bigquery_endpoint: str,
+    dataset: str,
+) -> None:  # fmt: skip
+    """BigQuery counts each load job against a table's daily quota (1,500): with
+    --bigquery-load-interval 4s, 16 transactions over 8 s make at most 4 batches (state
+    rows; unspaced, each 0.1 s flush made one), and an idle stream's keepalive positions
+    are confirmed without loading a state row."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    p = start(pg2sink_proc, bigquery_endpoint, dataset, load_interval="4s")
+    state = f"SELECT COUNT(*) FROM `{PROJECT}.{dataset}._pg2sink_state`"
+    for i in range(16):
+        conn.execute("INSERT INTO t VALUES (%s, 'v')", (i,))
+        time.sleep(0.5)
+    caught_up(db, timeout=60)
+    (batches,) = bq_rows(bigquery_endpoint, state)[0]
+    assert 1 <= batches <= 4, batches
+    # transactions that publish nothing move the slot (keepalive positions) and load nothing
+    for _ in range(5):
+        conn.execute("SELECT txid_current()")
+        time.sleep(0.3)
+    caught_up(db, timeout=60)
+    assert bq_rows(bigquery_endpoint, state) == [(batches,)]
+    assert p.stop() == 0
+    got = bq_rows(bigquery_endpoint, f"SELECT * FROM `{PROJECT}.{dataset}.public_t` ORDER BY id")
+    assert got == pg_rows(conn, "SELECT * FROM t ORDER BY id")
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from google.api_core.exceptions import NotFound
 
 from tests.conftest import Database, Pg2Sink, wait_for
 from tests.imports.support import IMPORTS_ON, wait_imported
-from tests.sinks.test_bigquery import PROJECT, bq_rows, pg_rows
+from tests.sinks.test_bigquery import PROJECT, UNSPACED, bq_rows, pg_rows
 from tests.sinks.test_duckdb import Writer, caught_up
 from tests.support import FAST, Proc
 
@@ -39,7 +39,7 @@ def start(proc: Proc, endpoint: str, dataset: str, imports: bool = False) -> Pg2
     # --retry-initial: the killed process's walsender may hold the slot for a moment
     p = proc(
         "--sink", "bigquery", "--bigquery-project", PROJECT, "--bigquery-dataset", dataset,
-        "--bigquery-endpoint", endpoint, "--retry-initial", *FAST,
+        "--bigquery-endpoint", endpoint, "--retry-initial", *FAST, *UNSPACED,
         env=IMPORTS_ON if imports else None,
     ).start()  # fmt: skip
     p.wait_streaming(60)

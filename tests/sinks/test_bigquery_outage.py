@@ -30,7 +30,7 @@ from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.sink import BigQuerySink
 from pg2sink.sinks.bigquery.warehouse import Warehouse
 from tests.conftest import Database, Pg2Sink, wait_for
-from tests.sinks.test_bigquery import PROJECT, bq_rows, pg_rows
+from tests.sinks.test_bigquery import PROJECT, UNSPACED, bq_rows, pg_rows
 from tests.sinks.test_duckdb import caught_up
 from tests.sinks.test_kafka_health import api_url, status
 from tests.sinks.test_nats import change, table_schema
@@ -56,7 +56,7 @@ def start(
     conn.execute("CREATE TABLE kv (id int PRIMARY KEY, v text)")
     p = proc(
         "--sink", "bigquery", "--bigquery-project", PROJECT, "--bigquery-dataset", dataset,
-        "--bigquery-endpoint", server.url, "--bigquery-retry-deadline", "3s", *FAST,
+        "--bigquery-endpoint", server.url, "--bigquery-retry-deadline", "3s", *FAST, *UNSPACED,
     ).start()  # fmt: skip
     p.wait_streaming(60)
     return conn, p
@@ -160,6 +160,7 @@ def test_a_full_batch_behind_a_commit_in_an_outage_is_dropped_and_loaded_once_la
             bigquery_dataset=dataset,
             bigquery_endpoint=own_bigquery.url,
             bigquery_retry_deadline=1.0,
+            bigquery_load_interval=0.0,
         )
     )
     sink.open()

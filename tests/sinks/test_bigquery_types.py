@@ -25,6 +25,7 @@ from psycopg import sql
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.warehouse import client
 from tests.conftest import fresh_database, pg2sink_for
+from tests.sinks.test_bigquery import UNSPACED
 from tests.sinks.test_duckdb import caught_up
 from tests.sinks.test_duckdb_types import _value
 from tests.support import FAST
@@ -106,6 +107,7 @@ def bq_run(
         p = pg2sink_for(
             db, workdir, "--sink", "bigquery", "--bigquery-project", PROJECT,
             "--bigquery-dataset", dataset, "--bigquery-endpoint", bigquery_endpoint, *FAST,
+            *UNSPACED,
         )  # fmt: skip
         p.start()
         try:

@@ -43,6 +43,7 @@ from psycopg import sql
 
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.support import IMPORTS_ON, jobs_state
+from tests.sinks.test_bigquery import UNSPACED
 from tests.sinks.test_duckdb import BIG, caught_up
 from tests.sinks.test_duckdb_types import _value
 from tests.support import FAST, Proc
@@ -325,7 +326,7 @@ def test_a_random_zoo_workload_with_an_import_converges(
         endpoint = request.getfixturevalue("bigquery_endpoint")
         sink = [
             "--sink", "bigquery", "--bigquery-project", PROJECT, "--bigquery-dataset", dataset,
-            "--bigquery-endpoint", endpoint,
+            "--bigquery-endpoint", endpoint, *UNSPACED,
         ]  # fmt: skip
     p: Pg2Sink = pg2sink_proc(*sink, *FAST, "--import-backoff-base", "0.5s", env=IMPORTS_ON).start()
     p.wait_streaming(60)

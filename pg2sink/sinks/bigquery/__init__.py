@@ -2,7 +2,7 @@
 source table in a BigQuery dataset, the DuckDB sink's model (docs/sinks/bigquery.md).
 
 config.py   BigQueryConfig: --bigquery-project, --bigquery-dataset, --bigquery-location,
-            --bigquery-endpoint, --bigquery-retry-deadline
+            --bigquery-endpoint, --bigquery-retry-deadline, --bigquery-load-interval
 schema.py   BigQuery types and table schemas of the DuckDB sink's layouts; the view's SQL;
             which type changes BigQuery widens, and their DDL
 rows.py     the DuckDB sink's Arrow rows made fit for BigQuery; unchanged TOAST read back

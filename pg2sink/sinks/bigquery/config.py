@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pg2sink.errors import ConfigError
-from pg2sink.options import duration, flag
+from pg2sink.options import duration, flag, format_duration, parse_duration_or_zero
 
 GROUP = "bigquery sink (--sink=bigquery)"
 
@@ -56,6 +56,16 @@ class BigQueryConfig:
         "the server (unreachable, 5xx, rate limits) before the sink logs an outage and "
         "retries the batch itself, with backoff, until BigQuery answers",
     )
+    bigquery_load_interval: float = flag(
+        90.0,
+        group=GROUP,
+        help="least time between two batches of changes (each is a load job per table and "
+        "one for the state table, and BigQuery allows 1,500 a day per table: 90s makes at "
+        "most 960); a batch of 50,000 changes goes at once; 0: no spacing",
+        parse=parse_duration_or_zero,
+        show=format_duration,
+        metavar="DURATION",
+    )
 
     def check(self) -> None:
         """A project and a dataset of BigQuery's forms; an endpoint is an http(s) URL; a
@@ -76,3 +86,5 @@ class BigQueryConfig:
                 )
         if not self.bigquery_retry_deadline > 0:
             raise ConfigError("--bigquery-retry-deadline must be more than 0s")
+        if self.bigquery_load_interval < 0:
+            raise ConfigError("--bigquery-load-interval must be 0s or more")

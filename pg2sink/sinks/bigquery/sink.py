@@ -2,7 +2,9 @@
 with a latest-state view per table (docs/sinks/bigquery.md).
 
 Records are held per transaction until its checkpoint, batched and handed to a
-background thread (pg2sink.sinks.batching.BackgroundCommits): Schema records become
+background thread (pg2sink.sinks.batching.BackgroundCommits), a batch with changes at
+most once per --bigquery-load-interval (BigQuery's daily load-job quota per table), one of
+checkpoints only confirmed without a load: Schema records become
 raw tables and views (the DuckDB sink's layouts, schema.py), Modifications become rows
 (the DuckDB sink's values.py), numbered by `_pg2sink_position`; each table's rows go in one
 Parquet load job whose id is derived from (slot, table, the batch's LSN range), then a
@@ -67,7 +69,12 @@ class BigQuerySink:
         #: the staging tables a batch (by its LSN) loads: the same when it is retried,
         #: so its rows get the same positions and job ids
         self._staged: tuple[int, list[StagedImport]] = (0, [])
-        self._commits = BackgroundCommits(self._load, "pg2sink-bigquery", MAX_BATCH_RECORDS)
+        self._commits = BackgroundCommits(
+            self._load,
+            "pg2sink-bigquery",
+            MAX_BATCH_RECORDS,
+            min_interval=config.bigquery_load_interval,
+        )
 
     def report_health(self, stats: StreamStats) -> None:
         """Tell `stats` when BigQuery is away and when a batch loads again (GET /status),
@@ -138,6 +145,11 @@ class BigQuerySink:
         if self._staged[0] != lsn:
             self._staged = (lsn, warehouse.staged_imports(self._imported))
         staged = self._staged[1]
+        if not staged and not records:
+            # checkpoints only (keepalive positions): nothing to load, and no state row,
+            # which would spend a load job of the state table's daily quota; a restart
+            # from here finds no change between the stored LSN and `lsn` to skip
+            return lsn
         for staged_import in staged:
             position = self._load_import(warehouse, staged_import, position, (start, lsn))
         rows: dict[tuple[str, str], list[tuple[int, Modification]]] = {}
