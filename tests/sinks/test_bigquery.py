@@ -20,8 +20,12 @@ from typing import Any
 
 import psycopg
 import pytest
+import requests
 import services
+from google.api_core import exceptions as google_errors
 
+from pg2sink.errors import SinkUnavailableError
+from pg2sink.sinks.bigquery.api import request_error
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.rows import state_rows
 from pg2sink.sinks.bigquery.warehouse import STATE_TABLE, Warehouse, client
@@ -105,6 +109,46 @@ def test_a_dataset_name_bigquery_refuses_is_a_one_line_error() -> None:
     )  # fmt: skip
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "--bigquery-dataset 'shop-eu'" in done.stderr
+
+
+# --- what an error means ------------------------------------------------------------------
+
+
+def _error(kind: Any, message: str, reason: str | None = None) -> Exception:
+    """An error as Google's client raises it (its classes are untyped)."""
+    if reason is None:
+        return kind(message)  # type: ignore[no-any-return]
+    return kind(message, errors=[{"reason": reason}])  # type: ignore[no-any-return]
+
+
+def _gave_up(cause: Exception | None) -> Exception:
+    """The client's RetryError once its deadline ran out on `cause`."""
+    return google_errors.RetryError("Deadline of 3.0s exceeded", cause)  # type: ignore[no-untyped-call]
+
+
+_LIMITED = _error(google_errors.Forbidden, "Exceeded rate limits", "rateLimitExceeded")
+_QUOTA = _error(google_errors.Forbidden, "Quota exceeded", "quotaExceeded")
+
+
+@pytest.mark.parametrize(
+    ("error", "unavailable"),
+    [
+        (_LIMITED, True),  # BigQuery's rate limits are 403s with a reason, not 429s
+        (_gave_up(_LIMITED), True),
+        (_gave_up(None), True),
+        (_error(google_errors.ServiceUnavailable, "down"), True),
+        (requests.ConnectionError("Connection refused"), True),
+        (_QUOTA, False),  # a day's quota spent: retried, each attempt spends more
+        (_error(google_errors.Forbidden, "Access Denied", "accessDenied"), False),
+        (_error(google_errors.BadRequest, "Invalid", "invalid"), False),
+        (_error(google_errors.MethodNotImplemented, "not implemented"), False),
+    ],
+)
+def test_an_error_is_an_outage_or_a_refusal(error: Exception, unavailable: bool) -> None:
+    got = request_error("load t", error)
+    assert isinstance(got, SinkUnavailableError) is unavailable, got
+    assert str(got).startswith("bigquery: load t: ") and "\n" not in str(got)
+    assert ("--bigquery-load-interval" in str(got)) is (error is _QUOTA)
 
 
 # --- the view equals the table ------------------------------------------------------------

@@ -15,7 +15,26 @@ from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.schema import Field
 
-__all__ = ["client", "field_of", "one_line", "request_error", "schema_fields", "upload_retries"]
+__all__ = [
+    "QUOTA_HINT",
+    "QUOTA_REASON",
+    "client",
+    "field_of",
+    "one_line",
+    "reason_of",
+    "request_error",
+    "schema_fields",
+    "upload_retries",
+]
+
+#: the reasons of a 4xx by which BigQuery says "later" (rate limits, its own trouble):
+#: its client retries them (google.cloud.bigquery.retry), and so does the sink, as an outage
+TRANSIENT_REASONS = frozenset({"rateLimitExceeded", "backendError", "internalError", "badGateway"})
+#: the reason of a daily quota spent: retried, every attempt would spend more of it
+QUOTA_REASON = "quotaExceeded"
+QUOTA_HINT = (
+    "BigQuery allows a table 1,500 load jobs a day: a longer --bigquery-load-interval makes fewer"
+)
 
 #: google-resumable-media's waits between a load upload's attempts: 1 s, doubling, at
 #: most 64 s (its RetryStrategy)
@@ -53,13 +72,28 @@ def one_line(error: BaseException) -> str:
 def request_error(what: str, error: Exception) -> SinkError:
     """`error` of the request `what`: SinkUnavailableError when the server is unreachable,
     answers 5xx (501, not implemented, is an answer) or limits the rate, also once the
-    client's retries of that ran out; else BigQuery's refusal, a SinkError."""
+    client's retries of that ran out (BigQuery says rate limits with 403 and a reason,
+    TRANSIENT_REASONS); else BigQuery's refusal, a SinkError (a spent quota says how to
+    spend less)."""
     cause = error.cause if isinstance(error, google_errors.RetryError) else error
-    transient = isinstance(
-        cause, (google_errors.ServerError, google_errors.TooManyRequests, OSError)
-    ) and not isinstance(cause, google_errors.MethodNotImplemented)
+    reason = reason_of(cause)
+    transient = (
+        isinstance(cause, (google_errors.ServerError, google_errors.TooManyRequests, OSError))
+        and not isinstance(cause, google_errors.MethodNotImplemented)
+    ) or reason in TRANSIENT_REASONS
     kind = SinkUnavailableError if transient or cause is None else SinkError
-    return kind(f"bigquery: {what}: {one_line(error)}")
+    hint = f" ({QUOTA_HINT})" if reason == QUOTA_REASON else ""
+    return kind(f"bigquery: {what}: {one_line(error)}{hint}")
+
+
+def reason_of(error: BaseException | None) -> str | None:
+    """The reason BigQuery gave an error (`errors[0].reason`, as its client reads it)."""
+    errors = getattr(error, "errors", None)
+    try:
+        reason = errors[0]["reason"]  # type: ignore[index]
+    except (IndexError, KeyError, TypeError):
+        return None
+    return reason if isinstance(reason, str) else None
 
 
 def upload_retries(deadline: float) -> int:

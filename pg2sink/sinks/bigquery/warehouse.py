@@ -31,6 +31,8 @@ from google.cloud import bigquery
 from pg2sink.changelog.records import Schema
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.sinks.bigquery.api import (
+    QUOTA_HINT,
+    QUOTA_REASON,
     client,
     field_of,
     one_line,
@@ -373,6 +375,12 @@ class Warehouse:
             self.call(f"wait for {jid}", _wait, job, self.retry)
             if job.error_result is None:
                 return
+            if job.error_result.get("reason") == QUOTA_REASON:
+                # another attempt now would fail the same way, and count against the quota
+                raise SinkError(
+                    f"bigquery: load job {jid} into {table}: "
+                    f"{one_line(Exception(job.error_result))} ({QUOTA_HINT})"
+                )
             log.warning("bigquery load job %s failed: %s", jid, job.error_result)
         raise SinkError(
             f"bigquery: loading {table} failed {MAX_ATTEMPTS} times; last: "
