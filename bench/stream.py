@@ -71,6 +71,17 @@ Method
      changelog table (named in pg2sink_tables). Target >= 0.8, peak RSS
      below 300 MiB as for every sink.
    The sink's server CPU seconds during the run (from /proc) are printed too.
+7. `--nats-reference [raw|nats.go]` adds a consumer that is not pg2sink:
+   bench/natsref, a Go program (pglogrepl and nats.go, built with `go build` into
+   the temporary directory) that does the least of the NATS sink's work: pgoutput
+   from its own slot, one JSON message per change with every value a string, a
+   Nats-Msg-Id each, every PubAck awaited (at most 20,000 in flight), a
+   transaction's end confirmed once all before it is acknowledged. `raw` writes
+   the protocol's frames itself, as pg2sink does; `nats.go` publishes with the NATS
+   client's PublishMsgAsync. It runs after the pg2sink runs of each round,
+   against the same nats-server, timed and counted as `--sink nats` is. Its ratio to
+   pg_recvlogical has no target: it shows what a compiled client reaches on the
+   machine at hand, and `pg2sink nats / natsref` how far pg2sink is from it.
 
 Report: every run's seconds and changes/s, then per consumer the median of
 changes/s, seconds, start-up, client CPU, walsender CPU and output size, and
@@ -100,8 +111,10 @@ import pstats
 import re
 import resource
 import shlex
+import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -174,7 +187,11 @@ SINK_RATIO_TARGETS: dict[str, float | None] = {
     "nats": 0.8,
     "kinesis": None,
     "duckdb": 0.8,
+    # --nats-reference: not pg2sink (bench/natsref), reported only
+    "natsref": None,
 }
+#: The Go reference publisher's consumer (--nats-reference), run like a sink.
+NATS_REFERENCE = "natsref"
 #: `--sink both`, as before the list of sinks
 BOTH = ("file", "kafka")
 #: Shards of the Kinesis stream pg2sink creates for each run (--kinesis-create-stream)
@@ -239,6 +256,8 @@ def sink_slot_prefix(sink: str) -> str:
 
 def consumer_name(sink: str) -> str:
     """The Consumer.name of pg2sink's runs with `sink` ("pg2sink" for the file sink)."""
+    if sink == NATS_REFERENCE:
+        return "natsref (Go)"
     return "pg2sink" if sink == "file" else f"pg2sink {sink}"
 
 
@@ -483,10 +502,16 @@ class Targets:
     kafka: KafkaTarget | None = None
     nats: Any = None  # services.NatsServer
     kinesis: Any = None  # services.Kinesalite
+    nats_reference: Path | None = None  # the built bench/natsref (--nats-reference)
+    nats_reference_client: str = "raw"  # its --client
 
 
 def start_targets(
-    services: ModuleType, tmp: Path, stack: contextlib.ExitStack, sinks: Sequence[str]
+    services: ModuleType,
+    tmp: Path,
+    stack: contextlib.ExitStack,
+    sinks: Sequence[str],
+    reference_client: str = "raw",
 ) -> Targets:
     """Start, in `tmp`, the servers `sinks` write to; each is destroyed when `stack` closes.
 
@@ -498,7 +523,8 @@ def start_targets(
         print("warming up the broker (400,000 messages to a scratch topic) ...", flush=True)
         print(f"broker warmed up in {warm_up_broker(kafka):.1f} s", flush=True)
     nats_server = kinesis = None
-    if "nats" in sinks:
+    reference = build_nats_reference(tmp) if NATS_REFERENCE in sinks else None
+    if "nats" in sinks or reference is not None:
         print(f"starting nats-server (JetStream) in {tmp} ...", flush=True)
         nats_server = services.NatsServer(base=tmp / "nats", port=services.free_port())
         stack.callback(nats_server.destroy)
@@ -511,7 +537,26 @@ def start_targets(
         # kinesalite checks that requests are signed, not by whom; pg2sink inherits these
         for key, value in services.KINESIS_CLIENT_ENV.items():
             os.environ.setdefault(key, value)
-    return Targets(kafka=kafka, nats=nats_server, kinesis=kinesis)
+    return Targets(kafka, nats_server, kinesis, reference, reference_client)
+
+
+def build_nats_reference(tmp: Path) -> Path:
+    """`go build` bench/natsref into `tmp` (--nats-reference); BenchError without Go."""
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+    if go is None:
+        raise BenchError("--nats-reference builds bench/natsref with Go: no `go` on PATH")
+    binary = tmp / "natsref"
+    print("building bench/natsref (go build) ...", flush=True)
+    built = subprocess.run(
+        [go, "build", "-o", str(binary), "."],
+        cwd=Path(__file__).resolve().parent / "natsref",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if built.returncode != 0:
+        raise BenchError(f"go build of bench/natsref failed:\n{built.stderr.strip()}")
+    return binary
 
 
 @dataclass(frozen=True)
@@ -668,13 +713,25 @@ def run_pg2sink(
     own slot, timed until the slot confirms END; then its output is counted."""
     sink = sink or ("kafka" if kafka is not None else "file")
     targets = targets or Targets(kafka=kafka)
-    label = consumer_name(sink).replace(" ", "_")
+    name = consumer_name(sink)
+    label = re.sub(r"[^\w]+", "_", name).strip("_")
     slot = slot_name(sink_slot_prefix(sink), run)
-    target = plan_sink_run(sink, run, tmp, targets)
-    python = [sys.executable]
-    if profile is not None:
-        python += ["-m", "cProfile", "-o", str(profile)]
-    argv = pg2sink_argv(dsn, slot, PUBLICATION, target.args, "warning", python)
+    if sink == NATS_REFERENCE:
+        # the same server, a fresh prefix, and the same output check as --sink nats
+        target = plan_sink_run("nats", run, tmp, targets)
+        assert targets.nats_reference is not None
+        argv = [
+            str(targets.nats_reference),
+            *("--dsn", dsn, "--slot", slot, "--publication", PUBLICATION),
+            *("--url", str(targets.nats.url), "--subject-prefix", target.name.split(".")[0]),
+            *("--endpos", workload.end_lsn, "--client", targets.nats_reference_client),
+        ]
+    else:
+        target = plan_sink_run(sink, run, tmp, targets)
+        python = [sys.executable]
+        if profile is not None:
+            python += ["-m", "cProfile", "-o", str(profile)]
+        argv = pg2sink_argv(dsn, slot, PUBLICATION, target.args, "warning", python)
     stderr = tmp / f"{label}_{run}.stderr"
     rusage_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     # the sink's server shares the machine's cores with pg2sink and PostgreSQL: its CPU too
@@ -688,13 +745,13 @@ def run_pg2sink(
         while True:
             if child.poll() is not None:
                 raise BenchError(
-                    f"pg2sink exited with {child.returncode} before confirming "
+                    f"{name} exited with {child.returncode} before confirming "
                     f"{workload.end_lsn}:\n{tail(stderr)}\ncommand: {shlex.join(argv)}"
                 )
             elapsed = time.monotonic() - child.started
             if elapsed > timeout:
                 raise BenchError(
-                    f"pg2sink did not confirm {workload.end_lsn} in {timeout}s:\n{tail(stderr)}"
+                    f"{name} did not confirm {workload.end_lsn} in {timeout}s:\n{tail(stderr)}"
                 )
             state = slot_state(watch, slot, workload.end_lsn)
             if state.active_pid is not None:
@@ -710,7 +767,7 @@ def run_pg2sink(
     finally:
         child.stop()
     if child.returncode not in (0, -signal.SIGTERM):
-        raise BenchError(f"pg2sink exited with {child.returncode} after SIGTERM:\n{tail(stderr)}")
+        raise BenchError(f"{name} exited with {child.returncode} after SIGTERM:\n{tail(stderr)}")
     if peak_kib is None:
         peak_kib = child.max_rss_kib
     if peak_kib is None:
@@ -720,11 +777,11 @@ def run_pg2sink(
     output = count_output(target, targets)
     if output.changes is not None and output.changes != workload.changes:
         raise BenchError(
-            f"pg2sink --sink {sink} run {run} left {output.changes} changes "
+            f"{name} run {run} left {output.changes} changes "
             f"({output.note}), expected {workload.changes}"
         )
     return Consumer(
-        name=consumer_name(sink),
+        name=name,
         run=run,
         slot=slot,
         command=argv,
@@ -903,6 +960,12 @@ def report(
             f"(per-run ratio min {min(run_ratios[name]):.2f}, "
             f"max {max(run_ratios[name]):.2f})"
         )
+    reference, nats = consumer_name(NATS_REFERENCE), consumer_name("nats")
+    if reference in sink_runs and nats in sink_runs:
+        print(
+            f"{nats} / {reference}, median changes/s: {ratios[nats] / ratios[reference]:.2f}"
+            "   (how far pg2sink is from the compiled reference on this machine)"
+        )
     for name in sink_runs:
         print(
             f"{name} peak RSS (max of {repeat} runs): {_fmt(rss[name], '.1f')} MiB   "
@@ -1008,6 +1071,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"compares medians (default {DEFAULT_REPEAT})",
     )
     p.add_argument(
+        "--nats-reference",
+        nargs="?",
+        const="raw",
+        choices=("raw", "nats.go"),
+        help="also run bench/natsref each round, a Go publisher doing the least of the NATS "
+        "sink's work (built with `go build`; needs Go): what a compiled client reaches here. "
+        "raw (the default): NATS frames written as pg2sink writes them; nats.go: the NATS "
+        "project's client's PublishMsgAsync",
+    )
+    p.add_argument(
         "--json", type=Path, metavar="PATH", help="also write every run's figures as JSON"
     )
     p.add_argument(
@@ -1053,13 +1126,15 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     sizes = sizes_from(args)
     sizes.check()
     sinks = parse_sinks(args.sink)
+    if args.nats_reference:
+        sinks.append(NATS_REFERENCE)
     services = load_services()
     recvlogical = pg_binary(services, "pg_recvlogical")
     prefixes = [RECVLOGICAL_SLOT, *(sink_slot_prefix(sink) for sink in sinks)]
 
     with contextlib.ExitStack() as stack:
         server = start_postgres(services, tmp, stack)
-        targets = start_targets(services, tmp, stack, sinks)
+        targets = start_targets(services, tmp, stack, sinks, args.nats_reference or "raw")
         dsn = server.dsn()
         with psycopg.connect(dsn, autocommit=True) as conn:
             info = machine_info(conn, recvlogical)
@@ -1107,7 +1182,8 @@ def run_round(
         # cProfile: the first pg2sink run of the first sink only
         profile = args.cprofile if run == 1 else None
         for sink in sinks:
-            print(f"{step}: pg2sink --sink {sink} to {workload.end_lsn} ...", flush=True)
+            what = consumer_name(sink) if sink == NATS_REFERENCE else f"pg2sink --sink {sink}"
+            print(f"{step}: {what} to {workload.end_lsn} ...", flush=True)
             result = run_pg2sink(
                 dsn, run, workload, tmp, args.timeout, conn, profile, sink=sink, targets=targets
             )
