@@ -50,8 +50,8 @@ const maxInFlight = 20000
 
 type relation struct {
 	subject string
-	prefix  []byte // {"kind":"modification","timestamp":
-	names   [][]byte
+	prefix  []byte   // {"kind":"modification","namespace":"<schema>","name":"<table>"
+	names   [][]byte // each column's "<name>":
 }
 
 // mark: a position to confirm once `count` messages are acknowledged.
