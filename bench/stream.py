@@ -710,7 +710,8 @@ def run_pg2sink(
     targets: Targets | None = None,
 ) -> Consumer:
     """One pg2sink run with `sink` (default: kafka when `kafka` is given, else file) on its
-    own slot, timed until the slot confirms END; then its output is counted."""
+    own slot, timed until the slot confirms END; then its output is counted. `sink`
+    NATS_REFERENCE runs bench/natsref instead, measured and counted as --sink nats."""
     sink = sink or ("kafka" if kafka is not None else "file")
     targets = targets or Targets(kafka=kafka)
     name = consumer_name(sink)
