@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import uuid
 from collections.abc import Iterable
@@ -50,9 +51,7 @@ def read_topics(stack: KafkaStack, prefix: str) -> list[KafkaMessage]:
         for topic in topics:
             partitions = sorted(metadata.topics[topic].partitions)
             assert partitions == [0], f"{topic}: partitions {partitions}, one expected"
-            low, high = consumer.get_watermark_offsets(
-                ck.TopicPartition(topic, 0), timeout=ANSWER_WAIT
-            )
+            low, high = _watermarks(consumer, topic)
             if high > low:
                 ends[(topic, 0)] = high
                 starts.append(ck.TopicPartition(topic, 0, low))
@@ -60,6 +59,32 @@ def read_topics(stack: KafkaStack, prefix: str) -> list[KafkaMessage]:
         return _read_until(consumer, ends, topics)
     finally:
         consumer.close()
+
+
+#: the answers of a broker about a topic it created a moment ago (on a producer's first
+#: use) and whose partition has no leader yet: the topic is there, its end is not known
+_NEW_TOPIC = frozenset(
+    {
+        ck.KafkaError.NOT_LEADER_FOR_PARTITION,
+        ck.KafkaError.LEADER_NOT_AVAILABLE,
+        ck.KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
+
+
+def _watermarks(consumer: ck.Consumer, topic: str) -> tuple[int, int]:
+    """Partition 0's (low, high) offsets, once it has a leader (within ANSWER_WAIT)."""
+    deadline = time.monotonic() + ANSWER_WAIT
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                ck.TopicPartition(topic, 0), timeout=ANSWER_WAIT
+            )
+            return low, high
+        except ck.KafkaException as e:
+            if e.args[0].code() not in _NEW_TOPIC or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.2)
 
 
 def _read_until(
