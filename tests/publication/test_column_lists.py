@@ -23,6 +23,8 @@ from psycopg.rows import TupleRow
 
 from pg2sink.config import SecretDsn
 from pg2sink.imports.migrate import apply_migrations
+from pg2sink.logical.decoder import decode
+from pg2sink.logical.messages import Begin, Relation
 from pg2sink.publication.manager import PublicationManager
 from pg2sink.publication.patterns import TableFilter
 from pg2sink.routing.rules import compile_rules
@@ -59,14 +61,38 @@ def _has_list(conn: psycopg.Connection[TupleRow], table: str) -> bool:
     return bool(row[0])
 
 
-def _peek(conn: psycopg.Connection[TupleRow], db: Database) -> bytes:
+def _peek_rows(conn: psycopg.Connection[TupleRow], db: Database) -> list[tuple[str, bytes]]:
+    """The slot's changes so far, each pgoutput message with its LSN (not consumed)."""
     time.sleep(1)  # synchronous_commit=off: decoding reads flushed WAL only
     rows = conn.execute(
-        "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL,"
+        "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL,"
         " 'proto_version', '1', 'publication_names', %s)",
         (db.slot, db.publication),
     ).fetchall()
-    return b"".join(bytes(r[0]) for r in rows)
+    return [(lsn, bytes(data)) for lsn, data in rows]
+
+
+def _peek(conn: psycopg.Connection[TupleRow], db: Database) -> bytes:
+    return b"".join(data for _, data in _peek_rows(conn, db))
+
+
+def _carrying(rows: list[tuple[str, bytes]], secret: bytes) -> list[str]:
+    """Each message whose bytes hold `secret`, decoded with what was in force for it (the
+    transaction, the relation's columns as last described): where a leak happened, for
+    a failure that happens once in many runs."""
+    found: list[str] = []
+    xid: int | None = None
+    columns: dict[int | None, list[str]] = {}
+    for lsn, data in rows:
+        message = decode(data)
+        if isinstance(message, Begin):
+            xid = message.xid
+        elif isinstance(message, Relation):
+            columns[message.relation_id] = [c.name for c in message.columns]
+        if secret in data:
+            rel = getattr(message, "relation_id", None)
+            found.append(f"xid {xid} at {lsn}: {message!r} (columns {columns.get(rel)})")
+    return found
 
 
 @pytest.fixture
@@ -171,17 +197,21 @@ def test_drop_column_streams_on_without_the_excluded_values(
     try:
         time.sleep(0.3)
         conn.execute("ALTER TABLE users DROP COLUMN extra")
+        (drop,) = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone() or ("?",)
         time.sleep(0.3)
     finally:
         stop.set()
         writer.join()
     conn.execute("INSERT INTO users VALUES (4, 'after-4', 'pw-4')")
     assert len(written) > 10
-    raw = _peek(conn, db)
+    rows = _peek_rows(conn, db)
+    raw = b"".join(data for _, data in rows)
     shown = ["before-1", "note-1", "before-2", "after-3", "extra-3", "after-4"]
     for value in shown + [f"w-{i}" for i in written]:
         assert _text(value) in raw, value
-    assert b"pw-" not in raw and b"password" not in raw
+    # seen once in CI (2026-11-25), not reproduced in 400 runs since: say what leaked
+    leaks = _carrying(rows, b"pw-") + _carrying(rows, b"password")
+    assert not leaks, f"{len(leaks)} leaks (the DROP of extra ended at {drop}): {leaks[:6]}"
     assert _listed(conn, db) == {"users": ["id", "name"]}
 
 
