@@ -39,6 +39,44 @@ import services  # noqa: E402
 os.environ.setdefault("PG2SINK_SPARK_CLASS_CACHE", "off")
 
 
+def _children() -> dict[int, list[int]]:
+    """Every process's children, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs, alive or not yet reaped."""
+    children, out, todo = _children(), [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Name each process the tests started and left behind (every test stops its own;
+    the session's servers are stopped by now): Python would only say, at its exit,
+    "subprocess N is still running", without what N is."""
+    left = []
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            left.append(f"{pid}: {b' '.join(argv).decode(errors='replace')[:300]}")
+    if left:
+        print(f"\n{len(left)} processes left running by the tests:", *left, sep="\n  ")
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
     """Poll `predicate` until it returns something truthy; fail after `timeout`."""
     deadline = time.monotonic() + timeout

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Database, Pg2Sink, wait_for
+from tests.conftest import Database, Pg2Sink, descendants, wait_for
 from tests.imports.support import (
     replay,
     select_rows,
@@ -46,30 +46,6 @@ def strict_changelog(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line, parse_float=Decimal) for line in data.split(b"\n")[:-1]]
 
 
-def _children() -> dict[int, list[int]]:
-    """Every process's children, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    return children
-
-
-def _descendants(pid: int) -> list[int]:
-    children, out, todo = _children(), [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def _process_groups(pids: list[int]) -> set[int]:
     """The process groups of `pids` (PySpark's daemon and its workers have their own)."""
     groups = set()
@@ -91,7 +67,7 @@ def _kill_inside_an_executor_write(proc: Pg2Sink, out: Path) -> int:
     def worker_groups() -> set[int]:
         """PySpark's daemon and workers: a process group of their own."""
         assert proc.proc is not None and proc.proc.poll() is None, proc.stderr()
-        return _process_groups(_descendants(pid)) - {own_group}
+        return _process_groups(descendants(pid)) - {own_group}
 
     groups = wait_for(worker_groups, 120, "Spark's Python workers")
     whole_end, looked = 0, time.monotonic()
@@ -113,7 +89,7 @@ def _kill_inside_an_executor_write(proc: Pg2Sink, out: Path) -> int:
             os.killpg(group, signal.SIGKILL)
             killed += 1
     assert killed, "the Python workers were gone before the kill"
-    for p in [pid, *_descendants(pid)]:
+    for p in [pid, *descendants(pid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
     proc.proc.wait(10)
