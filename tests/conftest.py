@@ -64,10 +64,29 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _stop_spark_gateway() -> None:
+    """pyspark keeps one gateway JVM per Python process (`SparkContext._gateway`) past
+    every SparkSession.stop(), for the next session; it exits when its stdin closes,
+    which would otherwise happen only as Python exits."""
+    context = sys.modules.get("pyspark.context")
+    gateway = getattr(getattr(context, "SparkContext", None), "_gateway", None)
+    proc = getattr(gateway, "proc", None)
+    if isinstance(proc, subprocess.Popen):
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Name each process the tests started and left behind (every test stops its own;
-    the session's servers are stopped by now): Python would only say, at its exit,
-    "subprocess N is still running", without what N is."""
+    the session's servers are stopped by now, the in-process Spark tests' gateway JVM
+    here): Python would only say, at its exit, "subprocess N is still running", without
+    what N is."""
+    _stop_spark_gateway()
     left = []
     for pid in descendants(os.getpid()):
         with contextlib.suppress(OSError):
