@@ -90,10 +90,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     left = []
     for pid in descendants(os.getpid()):
         with contextlib.suppress(OSError):
+            # a zombie (exited, never waited for) has an empty command line: its name
+            # and state come from /proc/PID/stat
+            name, _, rest = Path(f"/proc/{pid}/stat").read_text().partition(") ")
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            left.append(f"{pid}: {b' '.join(argv).decode(errors='replace')[:300]}")
+            command = b" ".join(argv).decode(errors="replace").strip()[:300]
+            left.append(f"{pid} {name.partition('(')[2]} [{rest[:1]}]: {command}")
     if left:
-        print(f"\n{len(left)} processes left running by the tests:", *left, sep="\n  ")
+        print(
+            f"\n{len(left)} processes the tests left behind (Z: exited, never waited for):",
+            *left,
+            sep="\n  ",
+        )
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
