@@ -19,22 +19,34 @@ Errors, by what the registry answered:
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-
-# The HTTP library the client uses (httpx2 when installed, else httpx): its
-# TransportError is what a refused connection, a timeout or a TLS failure raise.
-from confluent_kafka.schema_registry.common._httpx_compat import httpx
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 
 log = logging.getLogger(__name__)
+
+
+def _http_library() -> ModuleType:
+    """The HTTP library confluent_kafka's registry client sends with: httpx2 where it is
+    installed, else httpx (the client prefers httpx2 the same way). Its TransportError is
+    what a refused connection, a timeout or a TLS failure raise; both are public API."""
+    try:
+        return importlib.import_module("httpx2")
+    except ImportError:
+        return importlib.import_module("httpx")
+
+
+_HTTP = _http_library()
+_TRANSPORT_ERROR: type[Exception] = _HTTP.TransportError
 
 __all__ = ["RegistryClient", "SchemaRegistry", "redact_url"]
 
@@ -102,7 +114,7 @@ class RegistryClient:
         self.url = redact_url(url)
         if not log.isEnabledFor(logging.DEBUG):
             # the HTTP library logs every request at INFO; register() logs what matters
-            logging.getLogger(httpx.__name__).setLevel(logging.WARNING)
+            logging.getLogger(_HTTP.__name__).setLevel(logging.WARNING)
         try:
             self._client = SchemaRegistryClient(_client_config(url, settings or {}))
         except (ValueError, TypeError) as e:
@@ -120,7 +132,7 @@ class RegistryClient:
             schema_id = int(self._client.register_schema(subject, Schema(text, "AVRO")))
         except SchemaRegistryError as e:
             raise self._error(subject, e) from None
-        except httpx.TransportError as e:
+        except _TRANSPORT_ERROR as e:
             raise SinkUnavailableError(
                 f"schema registry at {self.url} unreachable while registering subject "
                 f"{subject!r}: {e or type(e).__name__}"
