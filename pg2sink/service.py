@@ -22,6 +22,12 @@ from psycopg.rows import TupleRow
 
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.catalog.server import check_server, connect
+from pg2sink.catalog.standby import (
+    connect_primary,
+    in_recovery,
+    primary_position,
+    wait_for_replay,
+)
 from pg2sink.config import SourceConfig, StreamConfig
 from pg2sink.errors import (
     ConfigError,
@@ -55,7 +61,14 @@ from pg2sink.subscription.in_progress import (
 )
 from pg2sink.subscription.loop import ChangeHandler, StopRequested, Streamer
 from pg2sink.subscription.reconnect import Reconnect
-from pg2sink.subscription.slot import drop_slot, ensure_slot
+from pg2sink.subscription.slot import (
+    check_failover_server,
+    check_not_conflicting,
+    drop_slot,
+    enable_failover,
+    ensure_slot,
+    standby_nudge,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +126,9 @@ class StreamService:
         self.imports = cfg.imports and not cfg.decode_only
         self.gate: ImportGate | None = ImportGate() if self.imports else None
         self.engine: ImportEngine | None = None
+        #: where pg2sink's schema and import jobs are written: --source, or --primary
+        #: while --source is a standby (set by each session's _prepare)
+        self._writer = cfg.source.dsn
         self.stats.info.update(
             slot=cfg.source.slot,
             publication=cfg.source.publication,
@@ -204,7 +220,15 @@ class StreamService:
         with ExitStack() as stack:
             conn = connect(src.dsn)
             stack.callback(conn.close)
-            manager = self._prepare(conn)
+            # on a hot standby, what pg2sink writes goes to --primary (catalog/standby.py)
+            standby = in_recovery(conn)
+            if src.slot_failover:
+                check_failover_server(conn, standby)
+            primary = conn
+            if standby:
+                primary = connect_primary(conn, src.primary, src.publication, src.internal_schema)
+                stack.callback(primary.close)
+            manager = self._prepare(conn, primary)
             stats = self.stats
 
             def poll() -> None:
@@ -213,8 +237,17 @@ class StreamService:
                 stats.set_server_position(server_position(conn, src.slot))
 
             stats.publication_tables = len(self._reconcile(manager).members)
-            ensure_slot(conn, src.slot)
-            repl = self._start_replication(stack)
+            if standby:
+                # the publication as the primary has it now, before the slot's start
+                wait_for_replay(conn, primary_position(primary), stop=lambda: self.stop.requested)
+            ensure_slot(
+                conn,
+                src.slot,
+                failover=src.slot_failover,
+                nudge=standby_nudge(primary) if standby else None,
+            )
+            check_not_conflicting(conn, src.slot)
+            repl = self._start_replication(conn, stack)
             stats.set_server_position(server_position(conn, src.slot))
             handler = self._handler(conn, stack, sink, out)
             streamer = Streamer(
@@ -233,9 +266,12 @@ class StreamService:
                 handler.progress = streamer.tick  # housekeeping during long replays
             streamer.run()
 
-    def _prepare(self, conn: psycopg.Connection[TupleRow]) -> PublicationManager:
+    def _prepare(
+        self, conn: psycopg.Connection[TupleRow], primary: psycopg.Connection[TupleRow]
+    ) -> PublicationManager:
         """The server's checks and, at the first start, pg2sink's schema; the session's
-        publication manager."""
+        publication manager. `primary` is `conn`, or --primary when `conn` is a standby:
+        the schema and the publication are written there."""
         src = self.cfg.source
         check_server(conn)
         if self.imports and not self.started:
@@ -243,15 +279,16 @@ class StreamService:
             # cannot read...) stops the start before the slot and the publication
             # exist: every import would fail and retry forever.
             connection_properties(conn.info)
+        writer = self._writer = src.dsn if primary is conn else (src.primary or src.dsn)
         if not self.cfg.decode_only and not self.started:
-            apply_migrations(src.dsn, src.internal_schema)
+            apply_migrations(writer, src.internal_schema)
             set_capture_ddl(
-                src.dsn, src.internal_schema, src.slot, src.publication, self.cfg.capture_ddl
+                writer, src.internal_schema, src.slot, src.publication, self.cfg.capture_ddl
             )
         if self.cfg.streaming:
             check_streaming_server(conn.info.server_version)
         return PublicationManager(
-            conn,
+            primary,
             src.publication,
             src.schemas,
             self.table_filter,
@@ -260,13 +297,18 @@ class StreamService:
             on_change=self._membership_changed if self.imports else None,
             allow_no_replica_identity=src.allow_no_replica_identity,
             exclusions=self.rules.excluded,
+            publish_generated_columns=src.publish_generated_columns,
         )
 
-    def _start_replication(self, stack: ExitStack) -> ReplicationStream:
+    def _start_replication(
+        self, conn: psycopg.Connection[TupleRow], stack: ExitStack
+    ) -> ReplicationStream:
         """START_REPLICATION on a connection of its own; then, once, the import engine."""
         src, stats = self.cfg.source, self.stats
         repl = ReplicationStream(connect(src.dsn, replication=True))
         stack.callback(repl.close)
+        if src.slot_failover:
+            enable_failover(conn, repl.conn, src.slot)
         repl.start(
             src.slot,
             src.publication,
@@ -282,7 +324,11 @@ class StreamService:
             # that orders it after the import rows is this process's (a standby
             # waiting for the slot runs no imports).
             self.engine = ImportEngine(
-                self.cfg, self.stats, self.gate or ImportGate(), _import_target(self.cfg)
+                self.cfg,
+                self.stats,
+                self.gate or ImportGate(),
+                _import_target(self.cfg),
+                state_dsn=self._writer,
             )
             self.engine.start()
         stats.sink_up()
