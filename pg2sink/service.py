@@ -27,6 +27,7 @@ from pg2sink.catalog.standby import (
     in_recovery,
     primary_position,
     wait_for_replay,
+    warn_without_feedback,
 )
 from pg2sink.config import SourceConfig, StreamConfig
 from pg2sink.errors import (
@@ -228,6 +229,8 @@ class StreamService:
             if standby:
                 primary = connect_primary(conn, src.primary, src.publication, src.internal_schema)
                 stack.callback(primary.close)
+                if not self.started:
+                    warn_without_feedback(conn)
             manager = self._prepare(conn, primary)
             stats = self.stats
 
@@ -444,21 +447,28 @@ def run_stream(cfg: StreamConfig) -> None:
 def run_drop(src: SourceConfig) -> list[str]:
     """Drop the slot and the publication; returns what was done, line by line."""
     conn = connect(src.dsn)
+    primary = conn
     done: list[str] = []
     try:
         if drop_slot(conn, src.slot):
             done.append(f"dropped replication slot {src.slot}")
         else:
             done.append(f"replication slot {src.slot} did not exist")
+        writer = src.dsn
+        if in_recovery(conn):  # the slot was the standby's; the rest is the primary's
+            primary = connect_primary(conn, src.primary, src.publication, src.internal_schema)
+            writer = src.primary or src.dsn
         manager = PublicationManager(
-            conn, src.publication, src.schemas, TableFilter(), src.internal_schema
+            primary, src.publication, src.schemas, TableFilter(), src.internal_schema
         )
         if manager.drop():
             done.append(f"dropped publication {src.publication}")
         else:
             done.append(f"publication {src.publication} did not exist")
-        if set_capture_ddl(src.dsn, src.internal_schema, src.slot, src.publication, False):
+        if set_capture_ddl(writer, src.internal_schema, src.slot, src.publication, False):
             done.append("dropped the --capture-ddl event trigger")
     finally:
+        if primary is not conn:
+            primary.close()
         conn.close()
     return done

@@ -72,6 +72,22 @@ def connect_primary(
     return conn
 
 
+def warn_without_feedback(standby: psycopg.Connection[TupleRow]) -> None:
+    """One WARNING when the standby sends the primary no feedback: the primary's VACUUM
+    may then remove catalog rows the standby's slot needs, which invalidates it."""
+    row = standby.execute(
+        "SELECT current_setting('hot_standby_feedback')::bool,"
+        " coalesce(current_setting('primary_slot_name'), '') <> ''"
+    ).fetchone()
+    if row is not None and not (row[0] and row[1]):
+        log.warning(
+            "the standby has %s: the primary may remove catalog rows the slot still needs, "
+            "and the standby then invalidates the slot (set hot_standby_feedback = on and "
+            "primary_slot_name on the standby; docs/high-availability.md)",
+            "hot_standby_feedback off" if not row[0] else "no primary_slot_name",
+        )
+
+
 def primary_position(primary: psycopg.Connection[TupleRow]) -> int:
     """The primary's current WAL position: everything committed there so far ends before it."""
     row = primary.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()

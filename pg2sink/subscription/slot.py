@@ -213,8 +213,8 @@ def check_not_conflicting(conn: psycopg.Connection[TupleRow], name: str) -> None
         f"replication slot {name!r} was invalidated by a conflict with recovery ({row[1]}): "
         "the primary removed rows it still needed (a standby needs hot_standby_feedback = on "
         "and primary_slot_name) or its wal_level dropped below logical; the slot can never "
-        f"stream again: drop it (pg2sink drop --slot {name}) and start pg2sink again, which "
-        "re-imports every table"
+        f"stream again: drop it (pg2sink drop --slot {name}, with the same --source and "
+        "--primary) and start pg2sink again, which re-imports every table"
     )
 
 

@@ -201,3 +201,8 @@ def test_a_slot_invalidated_by_a_conflict_stops_with_the_way_back(
     last = p.stderr().strip().splitlines()[-1]
     assert "invalidated by a conflict with recovery" in last, p.stderr()
     assert "hot_standby_feedback" in last and f"pg2sink drop --slot {names.slot}" in last
+    # the way back: drop drops the standby's slot and the primary's publication
+    res = run_cli("drop", env=names.env(PG2SINK_PRIMARY=names.primary_dsn))
+    assert res.returncode == 0, res.stderr
+    assert f"dropped replication slot {names.slot}" in res.stdout
+    assert f"dropped publication {names.publication}" in res.stdout
