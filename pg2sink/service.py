@@ -283,6 +283,8 @@ class StreamService:
             # exist: every import would fail and retry forever.
             connection_properties(conn.info)
         writer = self._writer = src.dsn if primary is conn else (src.primary or src.dsn)
+        if self.engine is not None:
+            self.engine.state_dsn = writer
         if not self.cfg.decode_only and not self.started:
             apply_migrations(writer, src.internal_schema)
             set_capture_ddl(

@@ -126,9 +126,9 @@ class ImportEngine:
         on --source (--primary, while --source is a standby: catalog/standby.py)."""
         self.cfg = cfg
         self.src = cfg.source
+        #: where the jobs are: --source, or --primary while --source is a standby (the
+        #: service sets it again at each session: a promoted standby keeps them itself)
         self.state_dsn = state_dsn or cfg.source.dsn
-        #: whether the jobs live on another server than the one the imports read
-        self.standby = self.state_dsn is not cfg.source.dsn
         self.stats = stats
         self.gate = gate
         self.target = target
@@ -172,6 +172,11 @@ class ImportEngine:
                 log.debug("closing the Spark runner: %s", e)
 
     @property
+    def standby(self) -> bool:
+        """Whether the jobs live on another server than the one the imports read."""
+        return self.state_dsn is not self.src.dsn
+
+    @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
@@ -183,10 +188,14 @@ class ImportEngine:
 
     def _main(self) -> None:
         conn: psycopg.Connection[TupleRow] | None = None
+        opened = self.state_dsn
         while not self.stopping:
             try:
+                if conn is not None and opened is not self.state_dsn:
+                    conn.close()  # the jobs moved: the standby --source names was promoted
                 if conn is None or conn.closed:
-                    conn = connect(self.state_dsn, application_name="pg2sink import")
+                    opened = self.state_dsn
+                    conn = connect(opened, application_name="pg2sink import")
                 self._refresh(conn)
                 if not self.can_write():
                     self._wait(self.poll_interval * 10)

@@ -206,3 +206,53 @@ def test_a_slot_invalidated_by_a_conflict_stops_with_the_way_back(
     assert res.returncode == 0, res.stderr
     assert f"dropped replication slot {names.slot}" in res.stdout
     assert f"dropped publication {names.publication}" in res.stdout
+
+
+def test_after_the_standby_is_promoted_everything_goes_to_it(tmp_path: Path) -> None:
+    """--primary is used only while --source is in recovery: once promoted, the standby
+    takes the publication's changes and the import jobs itself."""
+    with standby_pair(VERSION) as own:
+        names = Names(own, "app", "slot_promoted", "pub_promoted")
+        own.create_database(names.dbname)
+        with names.primary() as c:
+            c.execute("CREATE TABLE before (id int PRIMARY KEY)")
+        out = tmp_path / "out.jsonl"
+        p = _proc(names, tmp_path, out, **IMPORTS_ON).start()
+        try:
+            p.wait_streaming(90)
+            with names.primary() as c:
+                c.execute("INSERT INTO before VALUES (1)")
+            wait_for(lambda: len(modifications(out)) == 1, 60, "the change on the primary")
+            own.primary.stop()
+            res = own.standby._pg_ctl("promote", "-w")
+            assert res.returncode == 0, res.stderr
+            with names.standby() as promoted:
+                promoted.execute("INSERT INTO before VALUES (2)")
+                # a table that joins now is imported through the promoted server's jobs
+                promoted.execute("CREATE TABLE later (id int PRIMARY KEY)")
+                promoted.execute("INSERT INTO later SELECT generate_series(1, 5)")
+
+                def imported() -> bool:
+                    assert p.proc is not None and p.proc.poll() is None, p.stderr()
+                    rows = [m for m in modifications(out) if m["name"] == "later"]
+                    return len(rows) == 5
+
+                wait_for(imported, 240, "the import of a table created after the promotion")
+                assert [m["after"]["id"] for m in modifications(out) if m["name"] == "before"] == [
+                    1,
+                    2,
+                ]
+                wait_for(
+                    lambda: (
+                        scalar(
+                            promoted,
+                            "SELECT count(*) FROM pg2sink.import_jobs WHERE state = 'done'",
+                        )
+                        == 2
+                    ),
+                    60,
+                    "both import jobs done on the promoted server",
+                )
+        finally:
+            code = p.stop()
+        assert code == 0, p.stderr()
