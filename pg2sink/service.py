@@ -45,6 +45,7 @@ from pg2sink.imports.migrate import apply_migrations, set_capture_ddl
 from pg2sink.observability.http import Server, start_http_server
 from pg2sink.observability.position import server_position
 from pg2sink.observability.stats import LogCounter, StreamStats
+from pg2sink.publication.generated import check_generated_server
 from pg2sink.publication.manager import PublicationManager, Reconciliation, Table
 from pg2sink.publication.patterns import TableFilter
 from pg2sink.routing.check import check_tables
@@ -225,6 +226,8 @@ class StreamService:
             standby = in_recovery(conn)
             if src.slot_failover:
                 check_failover_server(conn, standby)
+            if src.publish_generated_columns:
+                check_generated_server(conn)
             primary = conn
             if standby:
                 primary = connect_primary(conn, src.primary, src.publication, src.internal_schema)

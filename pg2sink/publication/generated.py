@@ -20,6 +20,18 @@ from pg2sink.errors import ServerConfigError
 GENERATED_COLUMNS_VERSION = 180000
 
 
+def check_generated_server(conn: psycopg.Connection[TupleRow]) -> None:
+    """ServerConfigError when --publish-generated-columns is asked of a server before 18
+    (at start, before pg2sink writes anything)."""
+    version = conn.info.server_version
+    if version < GENERATED_COLUMNS_VERSION:
+        raise ServerConfigError(
+            f"--publish-generated-columns needs PostgreSQL 18 or newer; the server is "
+            f"{version // 10000}, whose publications never send generated columns: "
+            "drop the flag"
+        )
+
+
 class GeneratedColumns:
     """The publication's publish_generated_columns, kept to what pg2sink was told."""
 
@@ -31,16 +43,9 @@ class GeneratedColumns:
     def _check(self, conn: psycopg.Connection[TupleRow]) -> bool:
         """Whether the server has the option; ServerConfigError when it is asked for on a
         server without it."""
-        version = conn.info.server_version
-        if version >= GENERATED_COLUMNS_VERSION:
-            return True
         if self.stored:
-            raise ServerConfigError(
-                f"--publish-generated-columns needs PostgreSQL 18 or newer; the server is "
-                f"{version // 10000}, whose publications never send generated columns: "
-                "drop the flag"
-            )
-        return False
+            check_generated_server(conn)
+        return conn.info.server_version >= GENERATED_COLUMNS_VERSION
 
     def create_option(self, conn: psycopg.Connection[TupleRow]) -> sql.Composable:
         """What CREATE PUBLICATION ... WITH (...) adds for the option (nothing before 18

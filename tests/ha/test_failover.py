@@ -104,18 +104,20 @@ def test_after_a_promotion_pg2sink_goes_on_from_the_synced_slot(tmp_path: Path) 
         assert "created replication slot" not in p.stderr()  # the second run's log
 
 
-def test_slot_failover_before_17_is_one_line() -> None:
+def test_flags_of_newer_majors_are_one_line_on_16() -> None:
+    """--slot-failover (17+) and --publish-generated-columns (18+) on a 16: one line,
+    exit 2, no slot."""
     with own_server(functools.partial(services.Postgres, version=16), "pg16") as server:
-        res = run_cli(
-            "stream",
-            "--file-path",
-            "-",
-            "--slot-failover",
-            env={"PG2SINK_SOURCE": server.dsn("postgres")},
-        )
-        assert res.returncode == 2, res.stderr
-        lines = res.stderr.strip().splitlines()
-        assert len(lines) == 1, res.stderr
-        assert "--slot-failover needs PostgreSQL 17" in lines[0]
+        for flag, says in [
+            ("--slot-failover", "--slot-failover needs PostgreSQL 17"),
+            ("--publish-generated-columns", "--publish-generated-columns needs PostgreSQL 18"),
+        ]:
+            res = run_cli(
+                "stream", "--file-path", "-", flag, env={"PG2SINK_SOURCE": server.dsn("postgres")}
+            )
+            assert res.returncode == 2, res.stderr
+            lines = res.stderr.strip().splitlines()
+            assert len(lines) == 1, res.stderr
+            assert says in lines[0]
         with psycopg.connect(server.dsn("postgres"), autocommit=True) as c:
             assert scalar(c, "SELECT count(*) FROM pg_replication_slots") == 0

@@ -107,3 +107,31 @@ def test_without_the_flag_no_generated_column_anywhere(
     schemas, rows = _shapes(out)
     assert schemas and all(s == ["id", "price"] for s in schemas)
     assert rows == {"IMPORT": ["id", "price"], "INSERT": ["id", "price"]}
+
+
+def test_the_flag_alters_an_existing_publication(server: services.Postgres, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:10]
+    dbname = f"t_{tag}"
+    with psycopg.connect(server.dsn("postgres"), autocommit=True) as admin:
+        admin.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(dbname)))
+    out = tmp_path / "out.jsonl"
+    env = clean_env(
+        PG2SINK_SOURCE=server.dsn(dbname), PG2SINK_SLOT=f"slot_{tag}", PG2SINK_PUBLICATION="pub"
+    )
+    with psycopg.connect(server.dsn(dbname), autocommit=True) as c:
+        c.execute(TABLE)
+        p = Pg2Sink(args=["--file-path", str(out), *FAST], env=env, workdir=tmp_path).start()
+        p.wait_streaming(60)
+        assert p.stop() == 0, p.stderr()
+        assert scalar(c, "SELECT pubgencols::text FROM pg_publication") == "n"
+        p.args.append("--publish-generated-columns")
+        p.start()
+        try:
+            p.wait_streaming(60)
+            assert "publication pub: publish_generated_columns set to stored" in p.stderr()
+            assert scalar(c, "SELECT pubgencols::text FROM pg_publication") == "s"
+            c.execute("INSERT INTO items (id, price) VALUES (1, 5)")
+            wait_for(lambda: modifications(out), 60, "the INSERT")
+        finally:
+            assert p.stop() == 0, p.stderr()
+    assert modifications(out)[0]["after"] == {"id": 1, "price": 5, "doubled": 10}
