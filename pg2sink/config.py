@@ -59,8 +59,27 @@ class SourceConfig:
         secret=True,
     )
     """libpq DSN or URI; empty means the libpq environment (PGHOST, PGPORT...)."""
+    primary: SecretDsn | None = flag(  # noqa: RUF009 (flag() is dataclasses.field())
+        None,
+        group=Group.SOURCE,
+        help="when --source is a hot standby (PostgreSQL 16+): the primary's connection "
+        "string, where pg2sink writes the publication, its internal schema and the import "
+        "jobs; the slot, the stream and the imports' reads stay on the standby "
+        "(docs/high-availability.md)",
+        metavar="DSN",
+        build=lambda text, _name: SecretDsn(text, "--primary"),
+        secret=True,
+    )
+    """The primary's DSN, used only while --source is in recovery."""
     publication: str = flag("pg2sink", group=Group.SOURCE, help="publication pg2sink manages")
     slot: str = flag("pg2sink", group=Group.SOURCE, help="logical replication slot (pgoutput)")
+    slot_failover: bool = flag(
+        False,
+        group=Group.SOURCE,
+        help="make the slot a failover slot (PostgreSQL 17+): created with FAILOVER, or "
+        "altered to it, so a standby with sync_replication_slots = on keeps a copy that "
+        "pg2sink goes on from after a promotion (docs/high-availability.md)",
+    )
     schemas: tuple[str, ...] = flag(
         ("public",),
         group=Group.SOURCE,
@@ -97,6 +116,13 @@ class SourceConfig:
         group=Group.CHANGES,
         help="changes of partitions arrive under their partitioned table's name "
         "(publication option publish_via_partition_root; changing it alters the publication)",
+    )
+    publish_generated_columns: bool = flag(
+        False,
+        group=Group.CHANGES,
+        help="stored generated columns are in the schema, the changes and the imports "
+        "(PostgreSQL 18+; publication option publish_generated_columns = stored, set when "
+        "pg2sink creates the publication or altered to it)",
     )
     allow_no_replica_identity: bool = flag(
         False,

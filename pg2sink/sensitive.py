@@ -25,12 +25,12 @@ class SecretDsn:
 
     __slots__ = ("_dsn",)
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, option: str = "--source") -> None:
         try:
             # Parsing validates both key=value DSNs and postgresql:// URIs.
             psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as e:
-            raise ConfigError(f"invalid --source connection string: {_scrub(str(e))}") from None
+            raise ConfigError(f"invalid {option} connection string: {_scrub(str(e))}") from None
         self._dsn = dsn
 
     def reveal(self) -> str:

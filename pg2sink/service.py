@@ -22,6 +22,13 @@ from psycopg.rows import TupleRow
 
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.catalog.server import check_server, connect
+from pg2sink.catalog.standby import (
+    connect_primary,
+    in_recovery,
+    primary_position,
+    wait_for_replay,
+    warn_without_feedback,
+)
 from pg2sink.config import SourceConfig, StreamConfig
 from pg2sink.errors import (
     ConfigError,
@@ -38,6 +45,7 @@ from pg2sink.imports.migrate import apply_migrations, set_capture_ddl
 from pg2sink.observability.http import Server, start_http_server
 from pg2sink.observability.position import server_position
 from pg2sink.observability.stats import LogCounter, StreamStats
+from pg2sink.publication.generated import check_generated_server
 from pg2sink.publication.manager import PublicationManager, Reconciliation, Table
 from pg2sink.publication.patterns import TableFilter
 from pg2sink.routing.check import check_tables
@@ -55,7 +63,14 @@ from pg2sink.subscription.in_progress import (
 )
 from pg2sink.subscription.loop import ChangeHandler, StopRequested, Streamer
 from pg2sink.subscription.reconnect import Reconnect
-from pg2sink.subscription.slot import drop_slot, ensure_slot
+from pg2sink.subscription.slot import (
+    check_failover_server,
+    check_not_conflicting,
+    drop_slot,
+    enable_failover,
+    ensure_slot,
+    standby_nudge,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +128,9 @@ class StreamService:
         self.imports = cfg.imports and not cfg.decode_only
         self.gate: ImportGate | None = ImportGate() if self.imports else None
         self.engine: ImportEngine | None = None
+        #: where pg2sink's schema and import jobs are written: --source, or --primary
+        #: while --source is a standby (set by each session's _prepare)
+        self._writer = cfg.source.dsn
         self.stats.info.update(
             slot=cfg.source.slot,
             publication=cfg.source.publication,
@@ -204,7 +222,19 @@ class StreamService:
         with ExitStack() as stack:
             conn = connect(src.dsn)
             stack.callback(conn.close)
-            manager = self._prepare(conn)
+            # on a hot standby, what pg2sink writes goes to --primary (catalog/standby.py)
+            standby = in_recovery(conn)
+            if src.slot_failover:
+                check_failover_server(conn, standby)
+            if src.publish_generated_columns:
+                check_generated_server(conn)
+            primary = conn
+            if standby:
+                primary = connect_primary(conn, src.primary, src.publication, src.internal_schema)
+                stack.callback(primary.close)
+                if not self.started:
+                    warn_without_feedback(conn)
+            manager = self._prepare(conn, primary)
             stats = self.stats
 
             def poll() -> None:
@@ -213,8 +243,17 @@ class StreamService:
                 stats.set_server_position(server_position(conn, src.slot))
 
             stats.publication_tables = len(self._reconcile(manager).members)
-            ensure_slot(conn, src.slot)
-            repl = self._start_replication(stack)
+            if standby:
+                # the publication as the primary has it now, before the slot's start
+                wait_for_replay(conn, primary_position(primary), stop=lambda: self.stop.requested)
+            ensure_slot(
+                conn,
+                src.slot,
+                failover=src.slot_failover,
+                nudge=standby_nudge(primary) if standby else None,
+            )
+            check_not_conflicting(conn, src.slot)
+            repl = self._start_replication(conn, stack)
             stats.set_server_position(server_position(conn, src.slot))
             handler = self._handler(conn, stack, sink, out)
             streamer = Streamer(
@@ -233,9 +272,12 @@ class StreamService:
                 handler.progress = streamer.tick  # housekeeping during long replays
             streamer.run()
 
-    def _prepare(self, conn: psycopg.Connection[TupleRow]) -> PublicationManager:
+    def _prepare(
+        self, conn: psycopg.Connection[TupleRow], primary: psycopg.Connection[TupleRow]
+    ) -> PublicationManager:
         """The server's checks and, at the first start, pg2sink's schema; the session's
-        publication manager."""
+        publication manager. `primary` is `conn`, or --primary when `conn` is a standby:
+        the schema and the publication are written there."""
         src = self.cfg.source
         check_server(conn)
         if self.imports and not self.started:
@@ -243,15 +285,18 @@ class StreamService:
             # cannot read...) stops the start before the slot and the publication
             # exist: every import would fail and retry forever.
             connection_properties(conn.info)
+        writer = self._writer = src.dsn if primary is conn else (src.primary or src.dsn)
+        if self.engine is not None:
+            self.engine.state_dsn = writer
         if not self.cfg.decode_only and not self.started:
-            apply_migrations(src.dsn, src.internal_schema)
+            apply_migrations(writer, src.internal_schema)
             set_capture_ddl(
-                src.dsn, src.internal_schema, src.slot, src.publication, self.cfg.capture_ddl
+                writer, src.internal_schema, src.slot, src.publication, self.cfg.capture_ddl
             )
         if self.cfg.streaming:
             check_streaming_server(conn.info.server_version)
         return PublicationManager(
-            conn,
+            primary,
             src.publication,
             src.schemas,
             self.table_filter,
@@ -260,13 +305,18 @@ class StreamService:
             on_change=self._membership_changed if self.imports else None,
             allow_no_replica_identity=src.allow_no_replica_identity,
             exclusions=self.rules.excluded,
+            publish_generated_columns=src.publish_generated_columns,
         )
 
-    def _start_replication(self, stack: ExitStack) -> ReplicationStream:
+    def _start_replication(
+        self, conn: psycopg.Connection[TupleRow], stack: ExitStack
+    ) -> ReplicationStream:
         """START_REPLICATION on a connection of its own; then, once, the import engine."""
         src, stats = self.cfg.source, self.stats
         repl = ReplicationStream(connect(src.dsn, replication=True))
         stack.callback(repl.close)
+        if src.slot_failover:
+            enable_failover(conn, repl.conn, src.slot)
         repl.start(
             src.slot,
             src.publication,
@@ -282,7 +332,11 @@ class StreamService:
             # that orders it after the import rows is this process's (a standby
             # waiting for the slot runs no imports).
             self.engine = ImportEngine(
-                self.cfg, self.stats, self.gate or ImportGate(), _import_target(self.cfg)
+                self.cfg,
+                self.stats,
+                self.gate or ImportGate(),
+                _import_target(self.cfg),
+                state_dsn=self._writer,
             )
             self.engine.start()
         stats.sink_up()
@@ -398,21 +452,28 @@ def run_stream(cfg: StreamConfig) -> None:
 def run_drop(src: SourceConfig) -> list[str]:
     """Drop the slot and the publication; returns what was done, line by line."""
     conn = connect(src.dsn)
+    primary = conn
     done: list[str] = []
     try:
         if drop_slot(conn, src.slot):
             done.append(f"dropped replication slot {src.slot}")
         else:
             done.append(f"replication slot {src.slot} did not exist")
+        writer = src.dsn
+        if in_recovery(conn):  # the slot was the standby's; the rest is the primary's
+            primary = connect_primary(conn, src.primary, src.publication, src.internal_schema)
+            writer = src.primary or src.dsn
         manager = PublicationManager(
-            conn, src.publication, src.schemas, TableFilter(), src.internal_schema
+            primary, src.publication, src.schemas, TableFilter(), src.internal_schema
         )
         if manager.drop():
             done.append(f"dropped publication {src.publication}")
         else:
             done.append(f"publication {src.publication} did not exist")
-        if set_capture_ddl(src.dsn, src.internal_schema, src.slot, src.publication, False):
+        if set_capture_ddl(writer, src.internal_schema, src.slot, src.publication, False):
             done.append("dropped the --capture-ddl event trigger")
     finally:
+        if primary is not conn:
+            primary.close()
         conn.close()
     return done

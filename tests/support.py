@@ -62,6 +62,7 @@ def own_server(kind: Callable[..., _S], name: str) -> Iterator[_S]:
     temporary directory on a free port, so that stopping it disturbs no other test (its
     store survives a stop and start); removed at the end."""
     base = Path(tempfile.mkdtemp(prefix=f"pg2sink-{name}-own-"))
+    base.chmod(0o755)  # PostgreSQL runs as the postgres user when we are root (services.py)
     server = kind(base=base / name, port=services.free_port())
     try:
         server.start()

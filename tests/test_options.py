@@ -31,6 +31,7 @@ NOT_OPTIONS = {"source", "sink_config", "routing", "secrets", "format", "formatt
 #: values a generic text would not pass (a DSN, a slot name, KEY=VALUE settings...)
 SAMPLES: dict[str, list[str]] = {
     "dsn": ["host=h dbname=d password=pw"],
+    "primary": ["host=p dbname=d password=pw2"],
     "slot": ["slot_x"],
     "producer": ["linger.ms=5", "acks=all"],
     "registry": ["timeout=5", "basic.auth.credentials.source=URL"],

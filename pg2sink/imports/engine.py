@@ -33,8 +33,9 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pg2sink.catalog.server import connect
+from pg2sink.catalog.standby import primary_position, wait_for_replay
 from pg2sink.changelog.records import Operation
-from pg2sink.config import StreamConfig
+from pg2sink.config import SecretDsn, StreamConfig
 from pg2sink.errors import ImportFailed, Pg2SinkError
 from pg2sink.imports import jobs
 from pg2sink.imports.gate import ImportGate
@@ -118,11 +119,16 @@ class ImportEngine:
         target: ImportTarget | None,
         *,
         poll_interval: float = 1.0,
+        state_dsn: SecretDsn | None = None,
     ) -> None:
         """`target`: where the stream's sink takes import rows (its `import_target()`);
-        None for a sink that cannot import."""
+        None for a sink that cannot import. `state_dsn`: where the jobs are kept, when not
+        on --source (--primary, while --source is a standby: catalog/standby.py)."""
         self.cfg = cfg
         self.src = cfg.source
+        #: where the jobs are: --source, or --primary while --source is a standby (the
+        #: service sets it again at each session: a promoted standby keeps them itself)
+        self.state_dsn = state_dsn or cfg.source.dsn
         self.stats = stats
         self.gate = gate
         self.target = target
@@ -166,6 +172,11 @@ class ImportEngine:
                 log.debug("closing the Spark runner: %s", e)
 
     @property
+    def standby(self) -> bool:
+        """Whether the jobs live on another server than the one the imports read."""
+        return self.state_dsn is not self.src.dsn
+
+    @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
@@ -177,10 +188,14 @@ class ImportEngine:
 
     def _main(self) -> None:
         conn: psycopg.Connection[TupleRow] | None = None
+        opened = self.state_dsn
         while not self.stopping:
             try:
+                if conn is not None and opened is not self.state_dsn:
+                    conn.close()  # the jobs moved: the standby --source names was promoted
                 if conn is None or conn.closed:
-                    conn = connect(self.src.dsn, application_name="pg2sink import")
+                    opened = self.state_dsn
+                    conn = connect(opened, application_name="pg2sink import")
                 self._refresh(conn)
                 if not self.can_write():
                     self._wait(self.poll_interval * 10)
@@ -244,28 +259,36 @@ class ImportEngine:
         exporter: ExportedSnapshot | None = None
         task: Any = None
         started = time.monotonic()
+        # the server the import reads: the jobs' own, or the standby --source names
+        reader = conn
         try:
-            keyless = table_keyless(conn, schema, table)
+            if self.standby:
+                reader = connect(self.src.dsn, application_name="pg2sink import")
+                # the table's join (committed before the claim) replayed there first
+                lsn = primary_position(conn)
+                if not wait_for_replay(reader, lsn, stop=lambda: self.stopping):
+                    return
+            keyless = table_keyless(reader, schema, table)
             if keyless is None:
                 raise ImportFailed(f"table {job.qualified} does not exist")
             log.info(
                 "import of %s started (job %d, attempt %d)", job.qualified, job.id, job.attempts
             )
-            if not wait_for_transactions(conn, stop=lambda: self.stopping):
+            if not wait_for_transactions(reader, stop=lambda: self.stopping):
                 return
-            if _has_rows(conn, schema, table):
+            if _has_rows(reader, schema, table):
                 # start Spark (seconds of JVM) before the gate may pause the stream
                 self._spark_runner().session()
             self.gate.hold(schema, table, keyless=keyless)
             # a transaction whose changes the stream received before the gate took hold
             # may still be in the server's list of running ones for a moment: a snapshot
             # taken before it left would not see it
-            if not wait_for_transactions(conn, stop=lambda: self.stopping):
+            if not wait_for_transactions(reader, stop=lambda: self.stopping):
                 return
             exporter = ExportedSnapshot.open(self.src.dsn)
             self.gate.open_snapshot(schema, table, exporter.visibility, exporter.lsn)
             jobs.record_snapshot(conn, internal, job.id, exporter)
-            plan, todo = self._plan(job, exporter)
+            plan, todo = self._plan(conn, job, exporter)
             progress.rows_estimated = plan.rows_estimated
             progress.rows_read = job.rows_processed
             task = self._progress.start(job.qualified, plan.rows_estimated)
@@ -301,6 +324,8 @@ class ImportEngine:
             self._progress.stop(task)
             if exporter is not None:
                 exporter.close()
+            if reader is not conn:
+                reader.close()
             if not conn.closed:
                 jobs.release(conn, internal, job.id)
 
@@ -329,9 +354,11 @@ class ImportEngine:
             delay,
         )
 
-    def _plan(self, job: jobs.Job, exporter: ExportedSnapshot) -> tuple[Any, list[int]]:
+    def _plan(
+        self, conn: psycopg.Connection[TupleRow], job: jobs.Job, exporter: ExportedSnapshot
+    ) -> tuple[Any, list[int]]:
         """The job's plan at the snapshot, with the partitions stored at its first
-        planning, and the numbers of those not done yet."""
+        planning (on `conn`, where the jobs are), and the numbers of those not done yet."""
         from pg2sink.imports.plan import plan_import
         from pg2sink.imports.spark import target_partitions
 
@@ -356,12 +383,10 @@ class ImportEngine:
             ).fetchone()
             empty = not (row and row[0])
             planner.execute("COMMIT")
-            stored = jobs.load_partitions(planner, internal, job.id)
+            stored = jobs.load_partitions(conn, internal, job.id)
             if not stored:
-                jobs.save_partitions(
-                    planner, internal, job.id, plan.predicates, plan.rows_estimated
-                )
-                stored = jobs.load_partitions(planner, internal, job.id)
+                jobs.save_partitions(conn, internal, job.id, plan.predicates, plan.rows_estimated)
+                stored = jobs.load_partitions(conn, internal, job.id)
             else:
                 plan = dataclasses.replace(plan, predicates=tuple(p.predicate for p in stored))
         finally:
@@ -381,6 +406,7 @@ class ImportEngine:
             partitions=tuple(todo),
             snapshot=snapshot,
             source_dsn=self.src.dsn.reveal(),
+            state_dsn=self.state_dsn.reveal(),
             internal_schema=self.src.internal_schema,
             target=self.target,
         )

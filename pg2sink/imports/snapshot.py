@@ -109,7 +109,8 @@ class ExportedSnapshot:
     name: str
     visibility: Visibility
     lsn: int
-    """WAL insert position when the snapshot was taken."""
+    """WAL insert position when the snapshot was taken (on a standby: its replay
+    position, which no transaction the snapshot misses committed before)."""
     time: datetime
     """Server time when the snapshot was taken."""
 
@@ -120,7 +121,8 @@ class ExportedSnapshot:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             row = conn.execute(
                 "SELECT pg_export_snapshot(), pg_current_snapshot()::text, "
-                "pg_current_wal_insert_lsn() - '0/0', statement_timestamp()"
+                "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+                "ELSE pg_current_wal_insert_lsn() END - '0/0', statement_timestamp()"
             ).fetchone()
             assert row is not None
         except BaseException:

@@ -146,6 +146,14 @@ class ImportTask:
     internal_schema: str
     target: ImportTarget = dataclasses.field(repr=False)
     """Where the rows go: the stream's sink's import target (may hold secrets)."""
+    state_dsn: str = dataclasses.field(default="", repr=False)
+    """Where the job's partitions are marked done, when not source_dsn: the primary
+    while the source is a standby (secret too)."""
+
+    @property
+    def jobs_dsn(self) -> str:
+        """The DSN of the server that keeps the job (state_dsn, else source_dsn)."""
+        return self.state_dsn or self.source_dsn
 
 
 def _is_local(master: str) -> bool:
@@ -306,7 +314,7 @@ class SparkRunner:
             raise ImportFailed(problem)
         if not task.partitions:
             return 0
-        secrets = _secrets(task.source_dsn)
+        secrets = _secrets(task.source_dsn) + _secrets(task.jobs_dsn)
         try:
             return self._run(task, progress)
         except (ImportFailed, ConfigError):
@@ -390,7 +398,7 @@ class SparkRunner:
         return PartitionJob(
             job_id=task.job_id,
             internal_schema=task.internal_schema,
-            source_dsn=task.source_dsn,
+            state_dsn=task.jobs_dsn,
             table=ImportTable(record, types, typmods),
             target=task.target,
             partitions=task.partitions,
@@ -427,7 +435,7 @@ class _ProgressPoller:
 
     def _loop(self) -> None:
         try:
-            with psycopg.connect(self._task.source_dsn, autocommit=True) as conn:
+            with psycopg.connect(self._task.jobs_dsn, autocommit=True) as conn:
                 while not self._stop.wait(PROGRESS_POLL):
                     self._poll(conn)
                 self._poll(conn)

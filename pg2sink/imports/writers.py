@@ -38,8 +38,9 @@ class PartitionJob:
 
     job_id: int
     internal_schema: str
-    source_dsn: str = dataclasses.field(repr=False)
-    """Secret: never logged; used to mark partitions done."""
+    state_dsn: str = dataclasses.field(repr=False)
+    """Secret: never logged; where partitions are marked done (the primary's, while the
+    source is a standby)."""
     table: ImportTable
     target: ImportTarget = dataclasses.field(repr=False)
     """The sink's import target, after `begin` (may hold secrets: never logged)."""
@@ -61,9 +62,7 @@ def write_partition(
     assert context is not None, "write_partition runs in a Spark task"
     number = job.partitions[context.partitionId()]
     rows = job.target.write_rows(job.table, (_as_text(job.table, b) for b in batches))
-    with psycopg.connect(
-        job.source_dsn, autocommit=True, application_name="pg2sink import"
-    ) as conn:
+    with psycopg.connect(job.state_dsn, autocommit=True, application_name="pg2sink import") as conn:
         mark_partition_done(conn, job.internal_schema, job.job_id, number, rows)
     yield pa.RecordBatch.from_pydict(
         {"partition": [number], "rows": [rows]},

@@ -35,6 +35,7 @@ from psycopg.rows import TupleRow
 
 from pg2sink.errors import ConfigError, ServerConfigError
 from pg2sink.publication.columns import ColumnLists, ColumnRule
+from pg2sink.publication.generated import GeneratedColumns
 from pg2sink.publication.patterns import TableFilter
 
 log = logging.getLogger(__name__)
@@ -161,6 +162,7 @@ class PublicationManager:
         on_change: MembershipHook | None = None,
         allow_no_replica_identity: bool = False,
         exclusions: Sequence[ColumnRule] = (),
+        publish_generated_columns: bool = False,
     ) -> None:
         self.conn = conn
         self.publication = publication
@@ -172,6 +174,8 @@ class PublicationManager:
         #: changed: import jobs are created in the same transaction as the join
         self.on_change = on_change
         self.allow_no_replica_identity = allow_no_replica_identity
+        #: --publish-generated-columns: publish_generated_columns = stored (18+)
+        self.generated = GeneratedColumns(publication, publish_generated_columns)
         self._warned: set[int] = set()
         #: oids of the tables the last reconcile left out for want of a replica identity:
         #: each is warned about when it starts being left out, not at every poll
@@ -219,6 +223,10 @@ class PublicationManager:
                 )
                 self._check_schemas()
                 changed = self._ensure_publication()
+                # created just now: with the option already
+                created = changed is not None and changed.startswith("created ")
+                aligned = None if created else self.generated.align(self.conn)
+                changed = "; ".join(m for m in (changed, aligned) if m) or None
                 current = {t.oid: t for t in publication_members(self.conn, self.publication)}
                 selected = self.selected()
                 wanted = {t.oid: t for t in selected if not self._keep_out(t)}
@@ -297,8 +305,8 @@ class PublicationManager:
         current = publication_via_root(self.conn, self.publication)
         if current is None:
             self.conn.execute(
-                sql.SQL("CREATE PUBLICATION {} WITH (publish_via_partition_root = {})").format(
-                    pub, via_root
+                sql.SQL("CREATE PUBLICATION {} WITH (publish_via_partition_root = {}{})").format(
+                    pub, via_root, self.generated.create_option(self.conn)
                 )
             )
             return f"created publication {self.publication}"

@@ -7,12 +7,17 @@ https://www.postgresql.org/docs/current/logicaldecoding-explanation.html#LOGICAL
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psycopg
+from psycopg import pq, sql
 from psycopg.rows import TupleRow
 
+from pg2sink.catalog.standby import STANDBY_DECODING_VERSION
 from pg2sink.errors import ConfigError, ServerConfigError, SlotBusyError
 from pg2sink.logical.lsn import parse_lsn
 
@@ -50,13 +55,30 @@ def get_slot(conn: psycopg.Connection[TupleRow], name: str) -> SlotInfo | None:
     )
 
 
-def ensure_slot(conn: psycopg.Connection[TupleRow], name: str) -> SlotInfo:
-    """Return the slot, creating a pgoutput slot when it does not exist."""
+def ensure_slot(
+    conn: psycopg.Connection[TupleRow],
+    name: str,
+    *,
+    failover: bool = False,
+    nudge: Callable[[], None] | None = None,
+) -> SlotInfo:
+    """Return the slot, creating a pgoutput slot when it does not exist.
+
+    `failover`: create it with FAILOVER (PostgreSQL 17+; an existing slot is altered by
+    `enable_failover`). `nudge`: called about every second while the slot is being
+    created, on a standby: it asks the primary to log its running transactions, which the
+    standby's new slot waits for (see `standby_nudge`)."""
     info = get_slot(conn, name)
     dbname = conn.info.dbname
     if info is None:
+        create = (
+            "SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)"
+            if failover
+            else "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')"
+        )
         try:
-            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
+            with _nudging(nudge):
+                conn.execute(create, (name,))
         except psycopg.errors.DuplicateObject:
             pass  # another instance created it between our check and now
         except psycopg.errors.InsufficientPrivilege as e:
@@ -69,7 +91,9 @@ def ensure_slot(conn: psycopg.Connection[TupleRow], name: str) -> SlotInfo:
                 f"cannot create replication slot {name!r}: {e.diag.message_primary}"
             ) from None
         else:
-            log.info("created replication slot %s (pgoutput)", name)
+            log.info(
+                "created replication slot %s (pgoutput%s)", name, ", failover" if failover else ""
+            )
         info = get_slot(conn, name)
         assert info is not None
     if info.plugin != "pgoutput":
@@ -119,3 +143,121 @@ def drop_slot(conn: psycopg.Connection[TupleRow], name: str) -> bool:
     except psycopg.errors.UndefinedObject:
         return False
     return True
+
+
+#: The first version whose slots can be failover slots (synchronized to a standby).
+FAILOVER_VERSION = 170000
+
+
+def check_failover_server(conn: psycopg.Connection[TupleRow], in_recovery: bool) -> None:
+    """ServerConfigError when --slot-failover cannot be honoured by this server."""
+    version = conn.info.server_version
+    if version < FAILOVER_VERSION:
+        raise ServerConfigError(
+            f"--slot-failover needs PostgreSQL 17 or newer; the server is "
+            f"{version // 10000}: drop --slot-failover (the slot then lives on this "
+            "server only)"
+        )
+    if in_recovery:
+        raise ServerConfigError(
+            "--slot-failover: a slot created on a standby cannot be a failover slot; "
+            "drop --slot-failover, or stream from the primary"
+        )
+
+
+def enable_failover(
+    conn: psycopg.Connection[TupleRow], repl: psycopg.Connection[TupleRow], name: str
+) -> bool:
+    """Turn FAILOVER on for the existing slot `name` (PostgreSQL 17+), read on `conn`,
+    through the replication connection `repl` (ALTER_REPLICATION_SLOT is a replication
+    command); True when it was off."""
+    row = conn.execute(
+        "SELECT failover FROM pg_replication_slots WHERE slot_name = %s", (name,)
+    ).fetchone()
+    if row is None or row[0]:
+        return False
+    command = sql.SQL("ALTER_REPLICATION_SLOT {} (FAILOVER true)").format(sql.Identifier(name))
+    # a replication command runs through the simple query protocol only
+    result = repl.pgconn.exec_(command.as_bytes(repl))
+    if result.status != pq.ExecStatus.COMMAND_OK:
+        message = (result.error_message or b"").decode(errors="replace").strip()
+        sqlstate = result.error_field(pq.DiagnosticField.SQLSTATE)
+        if sqlstate == b"55006":  # object_in_use
+            raise SlotBusyError(f"replication slot {name!r} is active in another process")
+        raise ServerConfigError(f"cannot make replication slot {name!r} a failover slot: {message}")
+    log.info("replication slot %s is now a failover slot", name)
+    return True
+
+
+def check_not_conflicting(conn: psycopg.Connection[TupleRow], name: str) -> None:
+    """ServerConfigError when the slot was invalidated by a conflict with recovery
+    (`pg_replication_slots.conflicting`, PostgreSQL 16+): on a standby, the primary
+    removed catalog rows the slot still needed, or its wal_level went below logical.
+    Such a slot never streams again; only a new slot (and a new import) goes on."""
+    if conn.info.server_version < STANDBY_DECODING_VERSION:
+        return
+    reason = (
+        "invalidation_reason"
+        if conn.info.server_version >= FAILOVER_VERSION
+        else "CASE WHEN conflicting THEN 'rows_removed or wal_level_insufficient' END"
+    )
+    row = conn.execute(
+        sql.SQL("SELECT conflicting, {} FROM pg_replication_slots WHERE slot_name = %s").format(
+            sql.SQL(reason)
+        ),
+        (name,),
+    ).fetchone()
+    if row is None or not row[0]:
+        return
+    raise ServerConfigError(
+        f"replication slot {name!r} was invalidated by a conflict with recovery ({row[1]}): "
+        "the primary removed rows it still needed (a standby needs hot_standby_feedback = on "
+        "and primary_slot_name) or its wal_level dropped below logical; the slot can never "
+        f"stream again: drop it (pg2sink drop --slot {name}, with the same --source and "
+        "--primary) and start pg2sink again, which re-imports every table"
+    )
+
+
+def standby_nudge(primary: psycopg.Connection[TupleRow]) -> Callable[[], None]:
+    """A `nudge` for ensure_slot on a standby: pg_log_standby_snapshot() on the primary.
+
+    A slot created on a standby waits for the primary's next running-transactions record,
+    which the primary writes on its own every 15 s or so (and only when it is not idle).
+    Without the function's privilege (superuser by default) the creation just waits."""
+    refused: list[str] = []
+
+    def nudge() -> None:
+        if refused:
+            return
+        try:
+            primary.execute("SELECT pg_log_standby_snapshot()")
+        except psycopg.Error as e:
+            refused.append(str(e))
+            log.info(
+                "creating the slot on the standby waits for the primary's next "
+                "running-transactions record (pg_log_standby_snapshot: %s)",
+                e.diag.message_primary or type(e).__name__,
+            )
+
+    return nudge
+
+
+@contextlib.contextmanager
+def _nudging(nudge: Callable[[], None] | None) -> Iterator[None]:
+    """Call `nudge` about every second in a thread while the block runs."""
+    if nudge is None:
+        yield
+        return
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(1.0):
+            nudge()
+
+    thread = threading.Thread(target=loop, name="pg2sink-slot-nudge", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
