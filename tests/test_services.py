@@ -356,3 +356,32 @@ def test_cli_starts_the_major_pg_version_names(
         assert services.main(["stop", "postgres", "--dir", str(directory)]) == 0
     assert not (directory / "postgres17" / "data" / "postmaster.pid").exists()
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_standby_from_a_base_backup_by_the_wheels_pg_basebackup() -> None:
+    """The npm builds have no pg_basebackup and Debian's 15 refuses newer servers:
+    PyPI's PostgreSQL 18 clients copy a 16 primary, and start_postgres starts the copy
+    as a hot standby that replays what the primary commits."""
+    pg_basebackup = services.postgres_client_bindir() / "pg_basebackup"
+    with start_postgres(16) as primary:
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        scratch = Path(tempfile.mkdtemp(prefix="pg2sink-backup-"))
+        try:
+            backup = scratch / "data"
+            cmd = [str(pg_basebackup), "-d", primary.dsn(), "-D", str(backup)]
+            subprocess.run([*cmd, "-X", "stream", "-c", "fast"], capture_output=True, check=True)
+            # not -R: 18's pg_basebackup writes a primary_conninfo with options (e.g.
+            # sslnegotiation) that an older server's libpq refuses
+            (backup / "standby.signal").touch()
+            with start_postgres(16, data=backup, primary_conninfo=primary.dsn()) as standby:
+                with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+                    conn.execute("INSERT INTO t VALUES (1)")
+                with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+                    assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+                    wait_for(
+                        lambda: conn.execute("SELECT count(*) FROM t").fetchone() == (1,),
+                        what="the standby to replay the primary's insert",
+                    )
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
