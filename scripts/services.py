@@ -466,6 +466,15 @@ class Postgres:
         if (self.data / "postmaster.pid").exists():
             self._pg_ctl("-m", mode, "-w", "stop")
 
+    def promote(self) -> None:
+        """Promote this standby to a primary; returns once it accepts writes."""
+        res = self._pg_ctl("-w", "-t", "60", "promote")
+        if res.returncode != 0:
+            raise ServiceError(
+                f"postgres: promotion on port {self.port} failed: {res.stderr.strip()}\n"
+                f"--- tail of {self.log} ---\n{_tail(self.log)}"
+            )
+
     def destroy(self) -> None:
         self.stop("immediate")
         shutil.rmtree(self.base, ignore_errors=True)

@@ -361,7 +361,7 @@ def test_cli_starts_the_major_pg_version_names(
 def test_standby_from_a_base_backup_by_the_wheels_pg_basebackup() -> None:
     """The npm builds have no pg_basebackup and Debian's 15 refuses newer servers:
     PyPI's PostgreSQL 18 clients copy a 16 primary, and start_postgres starts the copy
-    as a hot standby that replays what the primary commits."""
+    as a hot standby that replays what the primary commits, and is promoted."""
     pg_basebackup = services.postgres_client_bindir() / "pg_basebackup"
     with start_postgres(16) as primary:
         with psycopg.connect(primary.dsn(), autocommit=True) as conn:
@@ -383,5 +383,10 @@ def test_standby_from_a_base_backup_by_the_wheels_pg_basebackup() -> None:
                         lambda: conn.execute("SELECT count(*) FROM t").fetchone() == (1,),
                         what="the standby to replay the primary's insert",
                     )
+                primary.stop()
+                standby.promote()
+                with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+                    assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (False,)
+                    conn.execute("INSERT INTO t VALUES (2)")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
