@@ -52,8 +52,9 @@ KAFKA_COMPAT := $(addprefix tests/sinks/test_kafka.py::test_,changes_on_several_
 	json_format_needs_no_registry sink_acknowledges_checkpoints_after_delivery \
 	new_rows_go_through_the_native_encoder_and_read_back_equal)
 # Tests of publication column lists and row filters themselves, which PostgreSQL 14
-# lacks: they run from 15 on
-COMPAT_15 := tests/publication/test_column_lists.py tests/routing/test_exclude_columns_lists.py \
+# lacks: they run from 15 on (test_column_lists reads pgoutput's bytes raw, as
+# routing/test_exclude_columns_lists does with an import around it, left out for time)
+COMPAT_15 := tests/publication/test_column_lists.py \
 	tests/imports/test_publication_filters.py::test_file_sink_imports_only_the_published_columns_and_rows
 COMPAT_TESTS := tests/subscription/test_stream.py tests/subscription/test_fidelity.py \
 	tests/subscription/test_in_progress.py tests/imports/test_ddl.py \
