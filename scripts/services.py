@@ -1679,6 +1679,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown service {', '.join(unknown)}; choose from {', '.join(SERVICES)}")
     names = [n for n in SERVICES if n in args.names] if args.names else list(SERVICES)
+    try:
+        postgres_version(os.environ.get("PG_VERSION"))
+    except ServiceError as e:
+        parser.error(f"PG_VERSION: {e}")
     if args.command == "start":
         return cmd_start(args.dir, names)
     if args.command == "stop":

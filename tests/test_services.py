@@ -390,3 +390,16 @@ def test_standby_from_a_base_backup_by_the_wheels_pg_basebackup() -> None:
                     conn.execute("INSERT INTO t VALUES (2)")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_cli_refuses_a_major_out_of_support(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PG_VERSION", "13")
+    with pytest.raises(SystemExit) as exit_info:
+        services.main(["start", "postgres", "--dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "PG_VERSION: postgres: version '13' is not one of 14, 15, 16, 17, 18" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "postgres").exists()
