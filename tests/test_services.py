@@ -356,3 +356,50 @@ def test_cli_starts_the_major_pg_version_names(
         assert services.main(["stop", "postgres", "--dir", str(directory)]) == 0
     assert not (directory / "postgres17" / "data" / "postmaster.pid").exists()
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_standby_from_a_base_backup_by_the_wheels_pg_basebackup() -> None:
+    """The npm builds have no pg_basebackup and Debian's 15 refuses newer servers:
+    PyPI's PostgreSQL 18 clients copy a 16 primary, and start_postgres starts the copy
+    as a hot standby that replays what the primary commits, and is promoted."""
+    pg_basebackup = services.postgres_client_bindir() / "pg_basebackup"
+    with start_postgres(16) as primary:
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        scratch = Path(tempfile.mkdtemp(prefix="pg2sink-backup-"))
+        try:
+            backup = scratch / "data"
+            cmd = [str(pg_basebackup), "-d", primary.dsn(), "-D", str(backup)]
+            subprocess.run([*cmd, "-X", "stream", "-c", "fast"], capture_output=True, check=True)
+            # not -R: 18's pg_basebackup writes a primary_conninfo with options (e.g.
+            # sslnegotiation) that an older server's libpq refuses
+            (backup / "standby.signal").touch()
+            with start_postgres(16, data=backup, primary_conninfo=primary.dsn()) as standby:
+                with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+                    conn.execute("INSERT INTO t VALUES (1)")
+                with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+                    assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+                    wait_for(
+                        lambda: conn.execute("SELECT count(*) FROM t").fetchone() == (1,),
+                        what="the standby to replay the primary's insert",
+                    )
+                primary.stop()
+                standby.promote()
+                with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+                    assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (False,)
+                    conn.execute("INSERT INTO t VALUES (2)")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_cli_refuses_a_major_out_of_support(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PG_VERSION", "13")
+    with pytest.raises(SystemExit) as exit_info:
+        services.main(["start", "postgres", "--dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "PG_VERSION: postgres: version '13' is not one of 14, 15, 16, 17, 18" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "postgres").exists()

@@ -23,7 +23,7 @@ from psycopg import sql
 
 from pg2sink.errors import ConfigError
 from pg2sink.imports.jdbc import key_properties
-from tests.conftest import Pg2Sink, clean_env, run_cli, wait_for
+from tests.conftest import PG_VERSION, Pg2Sink, clean_env, run_cli, wait_for
 from tests.imports.support import IMPORTS_ON, read_changelog
 
 pytestmark = pytest.mark.slow
@@ -77,6 +77,7 @@ def tls_server() -> Iterator[tuple[services.Postgres, Path]]:
     server = services.Postgres(
         base=base / "pg",
         port=services.free_port(),
+        version=PG_VERSION,
         settings={
             "ssl": "on",
             "ssl_cert_file": str(certs / "server.crt"),

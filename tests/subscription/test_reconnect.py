@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 import random
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +19,7 @@ import services
 from psycopg import sql
 
 from pg2sink.subscription.reconnect import Reconnect
-from tests.conftest import Database, Pg2Sink, pg2sink_for, wait_for
+from tests.conftest import Database, Pg2Sink, pg2sink_for, start_postgres, wait_for
 from tests.support import Proc, modifications, scalar, start
 
 #: Fast publication poll (the catalog connection is busy when the server goes away)
@@ -157,15 +155,8 @@ def test_lost_catalog_connection_is_retried(
 
 @pytest.fixture(scope="module")
 def own_server() -> Iterator[services.Postgres]:
-    base = Path(tempfile.mkdtemp(prefix="pg2sink-restart-"))
-    base.chmod(0o755)  # the server runs as the postgres user when we are root
-    server = services.Postgres(base=base / "pg", port=services.free_port())
-    server.start()
-    try:
+    with start_postgres() as server:
         yield server
-    finally:
-        server.destroy()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

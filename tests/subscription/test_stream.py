@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import signal
-import tempfile
 import time as time_module
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
@@ -15,10 +13,9 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-import services
 from psycopg.types.json import Jsonb
 
-from tests.conftest import Database, read_jsonl, run_cli, wait_for
+from tests.conftest import Database, read_jsonl, run_cli, start_postgres, wait_for
 from tests.support import FAST, Proc, modifications, start
 
 
@@ -390,17 +387,8 @@ def test_bad_dsn_exits_2() -> None:
 
 
 def test_wal_level_replica_exits_2_naming_the_fix() -> None:
-    base = Path(tempfile.mkdtemp(prefix="pg2sink-replica-"))
-    base.chmod(0o755)  # the server runs as the postgres user when we are root
-    server = services.Postgres(
-        base=base / "pg", port=services.free_port(), settings={"wal_level": "replica"}
-    )
-    server.start()
-    try:
+    with start_postgres(wal_level="replica") as server:
         res = run_cli("--source", server.dsn())
-    finally:
-        server.destroy()
-        shutil.rmtree(base, ignore_errors=True)
     assert res.returncode == 2
     assert "wal_level is 'replica'" in res.stderr and "wal_level = logical" in res.stderr
 
