@@ -27,6 +27,7 @@ from pg2sink.errors import (
     ConfigError,
     ConnectError,
     Pg2SinkError,
+    ServerConfigError,
     SinkError,
     SlotBusyError,
 )
@@ -36,10 +37,15 @@ from pg2sink.imports.gate import ImportGate
 from pg2sink.imports.jdbc import connection_properties
 from pg2sink.imports.migrate import apply_migrations, set_capture_ddl
 from pg2sink.observability.http import Server, start_http_server
-from pg2sink.observability.position import server_position
+from pg2sink.observability.position import (
+    check_slot_valid,
+    invalidated_message,
+    server_position,
+)
 from pg2sink.observability.stats import LogCounter, StreamStats
-from pg2sink.publication.manager import PublicationManager, Reconciliation, Table
+from pg2sink.publication.manager import PublicationManager, Reconciliation
 from pg2sink.publication.patterns import TableFilter
+from pg2sink.publication.published import Table
 from pg2sink.routing.check import check_tables
 from pg2sink.routing.outbox import check_sink, publisher_for
 from pg2sink.routing.stage import RoutingStage
@@ -210,10 +216,16 @@ class StreamService:
             def poll() -> None:
                 """Every --publication-poll-interval: membership, then the server's position."""
                 stats.publication_tables = len(self._reconcile(manager).members)
-                stats.set_server_position(server_position(conn, src.slot))
+                position = server_position(conn, src.slot)
+                stats.set_server_position(position)
+                if position.invalidation_reason is not None:
+                    raise ServerConfigError(
+                        invalidated_message(src.slot, position.invalidation_reason)
+                    )
 
             stats.publication_tables = len(self._reconcile(manager).members)
             ensure_slot(conn, src.slot)
+            check_slot_valid(conn, src.slot)
             repl = self._start_replication(stack)
             stats.set_server_position(server_position(conn, src.slot))
             handler = self._handler(conn, stack, sink, out)
@@ -245,9 +257,14 @@ class StreamService:
             connection_properties(conn.info)
         if not self.cfg.decode_only and not self.started:
             apply_migrations(src.dsn, src.internal_schema)
-            set_capture_ddl(
-                src.dsn, src.internal_schema, src.slot, src.publication, self.cfg.capture_ddl
-            )
+            try:
+                set_capture_ddl(
+                    src.dsn, src.internal_schema, src.slot, src.publication, self.cfg.capture_ddl
+                )
+            except ServerConfigError as e:
+                # a role that may not create event triggers (managed services): the rest
+                # of the stream works without the DDL messages
+                log.warning("%s: DDL is not captured, the stream goes on without it", e)
         if self.cfg.streaming:
             check_streaming_server(conn.info.server_version)
         return PublicationManager(
@@ -260,6 +277,7 @@ class StreamService:
             on_change=self._membership_changed if self.imports else None,
             allow_no_replica_identity=src.allow_no_replica_identity,
             exclusions=self.rules.excluded,
+            mode=src.publication_mode,
         )
 
     def _start_replication(self, stack: ExitStack) -> ReplicationStream:
@@ -360,6 +378,8 @@ class StreamService:
 
     def _reconcile(self, manager: PublicationManager) -> Reconciliation:
         rec = manager.reconcile()
+        if manager.info is not None:
+            self.stats.publication_actions = dict(manager.info.actions)
         # what routing would refuse at a table's first change, refused now (every
         # member at the first reconcile, then the tables that join)
         routed = rec.joined if self._routes_checked else rec.members
@@ -405,9 +425,17 @@ def run_drop(src: SourceConfig) -> list[str]:
         else:
             done.append(f"replication slot {src.slot} did not exist")
         manager = PublicationManager(
-            conn, src.publication, src.schemas, TableFilter(), src.internal_schema
+            conn,
+            src.publication,
+            src.schemas,
+            TableFilter(),
+            src.internal_schema,
+            mode=src.publication_mode,
         )
-        if manager.drop():
+        kept = manager.kept()
+        if kept is not None:
+            done.append(kept)
+        elif manager.drop():
             done.append(f"dropped publication {src.publication}")
         else:
             done.append(f"publication {src.publication} did not exist")
