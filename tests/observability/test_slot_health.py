@@ -5,8 +5,6 @@ line naming the cause and the way back, never a retry loop."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,23 +15,14 @@ import services
 from psycopg.rows import TupleRow
 
 from pg2sink.observability.position import slot_health
-from tests.conftest import Database, fresh_database, pg2sink_for, run_cli
+from tests.conftest import Database, fresh_database, pg2sink_for, run_cli, start_postgres
 
 
 @pytest.fixture(scope="module")
 def small_wal_server() -> Iterator[services.Postgres]:
-    """A server that keeps at most 1 MB of WAL for a slot."""
-    base = Path(tempfile.mkdtemp(prefix="pg2sink-slot-health-"))
-    base.chmod(0o755)  # the server may run as the postgres user (see services.py)
-    server = services.Postgres(
-        base=base / "pg",
-        port=services.free_port(),
-        settings={"max_slot_wal_keep_size": "1MB"},
-    )
-    server.start()
-    yield server
-    server.destroy()
-    shutil.rmtree(base, ignore_errors=True)
+    """A server of the session's major that keeps at most 1 MB of WAL for a slot."""
+    with start_postgres(max_slot_wal_keep_size="1MB") as server:
+        yield server
 
 
 @pytest.fixture
