@@ -70,7 +70,8 @@ def test_stream_import_routing_and_status_as_a_non_superuser(
         ddl = [line for line in log.splitlines() if "DDL is not captured" in line]
         assert len(ddl) == 1 and "WARNING" in ddl[0], log
         lists = [line for line in log.splitlines() if "excluded columns still travel" in line]
-        assert len(lists) == 1 and "needs a superuser" in lists[0], log
+        why = "needs a superuser" if owner.info.server_version >= 150000 else "before 15"
+        assert len(lists) == 1 and why in lists[0], log
         assert " ERROR " not in log, log
         # status as the role: the slot, the publication, the imports, and what it lacks
         assert status["role"]["name"] == role and status["role"]["superuser"] is False

@@ -30,6 +30,9 @@ from pg2sink.publication.patterns import TableFilter
 from pg2sink.routing.rules import compile_rules
 from tests.conftest import Database
 
+#: publication column lists are PostgreSQL 15+
+pytestmark = pytest.mark.pg_since(15)
+
 
 def _manager(
     conn: psycopg.Connection[TupleRow],
