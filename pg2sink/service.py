@@ -108,6 +108,7 @@ class StreamService:
         #: --only, --exclude-column, --mask-column, --outbox (pg2sink/routing/)
         self.rules = cfg.routing.rules()
         self._routes_checked = False
+        self._internal_left_out = False
         self.stop = StopRequested()
         self.table_filter = TableFilter.from_patterns(cfg.source.tables, cfg.source.exclude_tables)
         self.started = False
@@ -224,6 +225,11 @@ class StreamService:
                     )
 
             stats.publication_tables = len(self._reconcile(manager).members)
+            if manager.publishes_internal_schema() and not self._internal_left_out:
+                # a FOR ALL TABLES (or IN SCHEMA) publication used as it is publishes
+                # pg2sink's own bookkeeping too: it never reaches the sink
+                self.rules = self.rules.without_schema(src.internal_schema)
+                self._internal_left_out = True
             ensure_slot(conn, src.slot)
             check_slot_valid(conn, src.slot)
             repl = self._start_replication(stack)

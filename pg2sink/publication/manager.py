@@ -49,6 +49,7 @@ from pg2sink.publication.published import (
     PublicationInfo,
     Table,
     has_import_jobs,
+    internal_schema_published,
     left_out_warning,
     own_members,
     publication_exists,
@@ -393,6 +394,17 @@ class PublicationManager:
                 f"{str(self.publish_via_partition_root).lower()}"
             )
         return None
+
+    def publishes_internal_schema(self) -> bool:
+        """Whether the publication, as the last reconcile read it, publishes the tables of
+        pg2sink's internal schema: FOR ALL TABLES, or IN SCHEMA naming it."""
+        info = self.info
+        if info is None or self.managing:
+            return False
+        return info.all_tables or (
+            info.in_schema
+            and internal_schema_published(self.conn, self.publication, self.internal_schema)
+        )
 
     def manages(self, info: PublicationInfo | None) -> bool:
         """Whether pg2sink stream would manage the publication `info` (else use it as it

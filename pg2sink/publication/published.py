@@ -191,3 +191,15 @@ def has_import_jobs(conn: psycopg.Connection[TupleRow], internal_schema: str, na
         (name,),
     ).fetchone()
     return row is not None
+
+
+def internal_schema_published(
+    conn: psycopg.Connection[TupleRow], name: str, internal_schema: str
+) -> bool:
+    """Whether the FOR TABLES IN SCHEMA publication names pg2sink's internal schema."""
+    row = conn.execute(
+        "SELECT 1 FROM pg_publication p JOIN pg_publication_namespace pn ON pn.pnpubid = p.oid"
+        " JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE p.pubname = %s AND n.nspname = %s",
+        (name, internal_schema),
+    ).fetchone()
+    return row is not None

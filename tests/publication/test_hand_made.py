@@ -19,7 +19,7 @@ from pg2sink.errors import ConfigError
 from pg2sink.publication.manager import PublicationManager
 from pg2sink.publication.patterns import TableFilter
 from pg2sink.publication.published import CREATED_MARK, publication_members
-from tests.conftest import Database, Pg2Sink, run_cli, wait_for
+from tests.conftest import Database, Pg2Sink, read_jsonl, run_cli, wait_for
 from tests.support import scalar
 
 Proc = Callable[..., Pg2Sink]
@@ -164,3 +164,24 @@ def test_use_never_creates_and_auto_marks_what_it_creates(db: Database) -> None:
     again.reconcile()
     assert again.managing and _members(conn, db) == ["public.a", "public.b"]
     assert scalar(conn, comment, (db.publication,)) == CREATED_MARK
+
+
+def test_a_for_all_tables_publication_streams_none_of_pg2sinks_own_tables(
+    db: Database, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    conn = db.connect()
+    conn.execute("CREATE TABLE a (id int PRIMARY KEY)")
+    conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(db.publication))
+    )
+    out = tmp_path / "o.jsonl"
+    p = pg2sink_proc("--file-path", str(out)).start()
+    p.wait_streaming(60)
+    # pg2sink writes its internal schema while it streams: an import job requested
+    assert run_cli("import", "--table", "public.a", env=p.env).returncode == 0
+    conn.execute("INSERT INTO a VALUES (1)")
+    wait_for(lambda: out.exists() and '"INSERT"' in out.read_text(), 60, "the insert")
+    p.stop()
+    records = read_jsonl(out)
+    tables = {(r["namespace"], r["name"]) for r in records if "namespace" in r}
+    assert tables == {("public", "a")}, records
