@@ -70,7 +70,8 @@ def _health(s: StreamStats) -> Iterator[Metric]:
     yield info
     yield _gauge(
         "pg2sink_up",
-        "1 when the replication connection and the sink are healthy (GET /status 200)",
+        "1 when the replication connection and the sink are healthy and the slot valid "
+        "(GET /status 200)",
         s.healthy,
     )
     yield _gauge(
