@@ -1,4 +1,4 @@
-"""Every built-in PostgreSQL 15 type round-trips exactly through pg2sink (docs/types.md).
+"""Every built-in PostgreSQL type round-trips exactly through pg2sink (docs/types.md).
 
 One table holds a column per type and one per array of that type, filled with ordinary
 and edge values (NaN, ±Infinity, -0, BC, infinity, 24:00:00, NULL elements, several
@@ -37,6 +37,7 @@ from psycopg import sql
 
 from pg2sink.changelog.typemap import nullable
 from tests.conftest import (
+    PG_VERSION,
     Database,
     KafkaStack,
     fresh_database,
@@ -205,6 +206,11 @@ CASES: list[tuple[str, str, list[str]]] = [
     ("pair", "pair", ["ROW(1, 'a b', '2024-01-01 00:00:00+00')", "ROW(NULL, '', 'infinity')"]),
     ("nested", "nested", ["ROW(ROW(2, 'x,\"y\"', NULL)::pair, ARRAY[1, NULL])"]),
 ]
+# Types a server before this major cannot declare: numeric with a negative scale or a
+# scale above its precision is PostgreSQL 15+. The zoo of an older session's server
+# (the version matrix, docs/testing.md) leaves them out.
+SINCE: dict[str, int] = {"numeric_5_m2": 15, "numeric_3_5": 15}
+CASES = [case for case in CASES if SINCE.get(case[0], 0) <= PG_VERSION]
 
 SETUP = [
     "CREATE EXTENSION citext",
