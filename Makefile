@@ -61,7 +61,10 @@ COMPAT_TESTS := tests/subscription/test_stream.py tests/subscription/test_fideli
 	tests/publication/test_manager.py \
 	tests/test_type_fidelity.py tests/routing/test_columns.py tests/routing/test_filters.py \
 	tests/imports/test_consistency.py::test_concurrent_writes_during_the_import_converge \
-	tests/sinks/test_file.py $(KAFKA_COMPAT) $(if $(filter 14,$(PG_VERSION)),,$(COMPAT_15))
+	tests/sinks/test_file.py $(KAFKA_COMPAT) \
+	tests/test_versions.py tests/publication/test_hand_made.py \
+	tests/observability/test_slot_health.py tests/test_managed_role.py \
+	$(if $(filter 14,$(PG_VERSION)),,$(COMPAT_15))
 
 # the whole suite on the C encoder, then the suites whose output it touches on the Python
 # reference path (changelog/_cmodule.py; docs/testing.md), then the compatibility suite

@@ -361,6 +361,44 @@ def build() -> Dashboard:
                 width=THIRD,
             )
         )
+        .with_panel(
+            graph(
+                26,
+                "Slot health",
+                "1 when the server invalidated the slot (by reason: wal_removed, rows_removed, "
+                "wal_level_insufficient, idle_timeout; pg2sink then stops: drop and re-import, "
+                "docs/postgresql.md), and the slot's wal_status (1 for the current one of "
+                "reserved, extended, unreserved, lost).",
+                [
+                    query(
+                        f"max by (instance, reason) (pg2sink_slot_invalidated{{{SEL}}})",
+                        "invalidated {{reason}} {{instance}}",
+                    ),
+                    query(
+                        f"max by (instance, status) (pg2sink_slot_wal_status{{{SEL}}})",
+                        "wal_status {{status}} {{instance}}",
+                        "B",
+                    ),
+                ],
+                "none",
+                stepped=True,
+            )
+        )
+        .with_panel(
+            graph(
+                27,
+                "Slot WAL margin (safe_wal_size)",
+                "WAL that can still be written before the slot risks wal_status 'lost' and "
+                "invalidation (max_slot_wal_keep_size); -1 when that setting is unlimited.",
+                [
+                    query(
+                        f"min by (instance) (pg2sink_slot_safe_wal_size_bytes{{{SEL}}})",
+                        "{{instance}}",
+                    )
+                ],
+                "bytes",
+            )
+        )
         # -- sink ----------------------------------------------------------------------
         .with_row(Row("Sink").id(103))
         .with_panel(

@@ -144,7 +144,8 @@ def _add_source_commands(sub: Any) -> None:
     drop = sub.add_parser(
         "drop",
         help="drop the replication slot, the publication and the DDL trigger, then exit",
-        description="Drop the replication slot and the publication pg2sink uses, and the "
+        description="Drop the replication slot and the publication pg2sink uses (when it "
+        "manages it: --publication-mode), and the "
         "--capture-ddl event trigger when no other slot uses it, then exit. A slot of "
         "another database than --source's is refused. "
         "Unconfirmed changes in the slot are lost for pg2sink.",
@@ -154,7 +155,9 @@ def _add_source_commands(sub: Any) -> None:
         "status",
         help="show the slot, the publication's tables and the imports, then exit",
         description="Show the replication slot (active, confirmed LSN, lag and WAL retained "
-        "on the server), the publication's tables and the import jobs, read from PostgreSQL.",
+        "on the server, health: wal_status, safe_wal_size, invalidated and why), the "
+        "publication (kind, managed or used as it is, tables, actions it leaves out), the "
+        "role and what it lacks, and the import jobs, read from PostgreSQL.",
     )
     options.add_options(status, _SOURCE, list(Group))
     status.add_argument("--json", action="store_true", help="print one JSON object")

@@ -71,7 +71,15 @@ class SourceConfig:
         secret=True,
     )
     """The primary's DSN, used only while --source is in recovery."""
-    publication: str = flag("pg2sink", group=Group.SOURCE, help="publication pg2sink manages")
+    publication: str = flag("pg2sink", group=Group.SOURCE, help="publication pg2sink streams")
+    publication_mode: str = flag(
+        "auto",
+        group=Group.SOURCE,
+        choices=("auto", "manage", "use"),
+        help="manage: pg2sink creates the publication and keeps its tables (-t, -T, --schema); "
+        "use: streams what the publication publishes and never changes it; auto: manage a "
+        "publication pg2sink created, use one made by others (docs/postgresql.md)",
+    )
     slot: str = flag("pg2sink", group=Group.SOURCE, help="logical replication slot (pgoutput)")
     slot_failover: bool = flag(
         False,

@@ -34,6 +34,7 @@ from pg2sink.errors import (
     ConfigError,
     ConnectError,
     Pg2SinkError,
+    ServerConfigError,
     SinkError,
     SlotBusyError,
 )
@@ -43,11 +44,16 @@ from pg2sink.imports.gate import ImportGate
 from pg2sink.imports.jdbc import connection_properties
 from pg2sink.imports.migrate import apply_migrations, set_capture_ddl
 from pg2sink.observability.http import Server, start_http_server
-from pg2sink.observability.position import server_position
+from pg2sink.observability.position import (
+    check_slot_valid,
+    invalidated_message,
+    server_position,
+)
 from pg2sink.observability.stats import LogCounter, StreamStats
 from pg2sink.publication.generated import check_generated_server
-from pg2sink.publication.manager import PublicationManager, Reconciliation, Table
+from pg2sink.publication.manager import PublicationManager, Reconciliation
 from pg2sink.publication.patterns import TableFilter
+from pg2sink.publication.published import Table
 from pg2sink.routing.check import check_tables
 from pg2sink.routing.outbox import check_sink, publisher_for
 from pg2sink.routing.stage import RoutingStage
@@ -117,6 +123,7 @@ class StreamService:
         #: --only, --exclude-column, --mask-column, --outbox (pg2sink/routing/)
         self.rules = cfg.routing.rules()
         self._routes_checked = False
+        self._internal_left_out = False
         self.stop = StopRequested()
         self.table_filter = TableFilter.from_patterns(cfg.source.tables, cfg.source.exclude_tables)
         self.started = False
@@ -240,9 +247,19 @@ class StreamService:
             def poll() -> None:
                 """Every --publication-poll-interval: membership, then the server's position."""
                 stats.publication_tables = len(self._reconcile(manager).members)
-                stats.set_server_position(server_position(conn, src.slot))
+                position = server_position(conn, src.slot)
+                stats.set_server_position(position)
+                if position.invalidation_reason is not None:
+                    raise ServerConfigError(
+                        invalidated_message(src.slot, position.invalidation_reason)
+                    )
 
             stats.publication_tables = len(self._reconcile(manager).members)
+            if manager.publishes_internal_schema() and not self._internal_left_out:
+                # a FOR ALL TABLES (or IN SCHEMA) publication used as it is publishes
+                # pg2sink's own bookkeeping too: it never reaches the sink
+                self.rules = self.rules.without_schema(src.internal_schema)
+                self._internal_left_out = True
             if standby:
                 # the publication as the primary has it now, before the slot's start
                 wait_for_replay(conn, primary_position(primary), stop=lambda: self.stop.requested)
@@ -253,6 +270,7 @@ class StreamService:
                 nudge=standby_nudge(primary) if standby else None,
             )
             check_not_conflicting(conn, src.slot)
+            check_slot_valid(conn, src.slot)
             repl = self._start_replication(conn, stack)
             stats.set_server_position(server_position(conn, src.slot))
             handler = self._handler(conn, stack, sink, out)
@@ -290,9 +308,14 @@ class StreamService:
             self.engine.state_dsn = writer
         if not self.cfg.decode_only and not self.started:
             apply_migrations(writer, src.internal_schema)
-            set_capture_ddl(
-                writer, src.internal_schema, src.slot, src.publication, self.cfg.capture_ddl
-            )
+            try:
+                set_capture_ddl(
+                    writer, src.internal_schema, src.slot, src.publication, self.cfg.capture_ddl
+                )
+            except ServerConfigError as e:
+                # a role that may not create event triggers (managed services): the rest
+                # of the stream works without the DDL messages
+                log.warning("%s: DDL is not captured, the stream goes on without it", e)
         if self.cfg.streaming:
             check_streaming_server(conn.info.server_version)
         return PublicationManager(
@@ -306,6 +329,7 @@ class StreamService:
             allow_no_replica_identity=src.allow_no_replica_identity,
             exclusions=self.rules.excluded,
             publish_generated_columns=src.publish_generated_columns,
+            mode=src.publication_mode,
         )
 
     def _start_replication(
@@ -414,6 +438,8 @@ class StreamService:
 
     def _reconcile(self, manager: PublicationManager) -> Reconciliation:
         rec = manager.reconcile()
+        if manager.info is not None:
+            self.stats.publication_actions = dict(manager.info.actions)
         # what routing would refuse at a table's first change, refused now (every
         # member at the first reconcile, then the tables that join)
         routed = rec.joined if self._routes_checked else rec.members
@@ -464,9 +490,17 @@ def run_drop(src: SourceConfig) -> list[str]:
             primary = connect_primary(conn, src.primary, src.publication, src.internal_schema)
             writer = src.primary or src.dsn
         manager = PublicationManager(
-            primary, src.publication, src.schemas, TableFilter(), src.internal_schema
+            primary,
+            src.publication,
+            src.schemas,
+            TableFilter(),
+            src.internal_schema,
+            mode=src.publication_mode,
         )
-        if manager.drop():
+        kept = manager.kept()
+        if kept is not None:
+            done.append(kept)
+        elif manager.drop():
             done.append(f"dropped publication {src.publication}")
         else:
             done.append(f"publication {src.publication} did not exist")

@@ -18,12 +18,15 @@ from pg2sink.config import SourceConfig
 from pg2sink.errors import ConfigError
 from pg2sink.imports import jobs
 from pg2sink.logical.lsn import format_lsn
-from pg2sink.publication.manager import (
-    PublicationManager,
-    publication_exists,
+from pg2sink.observability.position import invalidated_message, slot_health
+from pg2sink.publication.manager import PublicationManager
+from pg2sink.publication.patterns import TableFilter, parse_table_name, quote_table_name
+from pg2sink.publication.published import (
+    ACTIONS,
+    left_out_warning,
+    publication_info,
     publication_members,
 )
-from pg2sink.publication.patterns import TableFilter, parse_table_name, quote_table_name
 
 _SLOT = """
 SELECT active, active_pid, confirmed_flush_lsn - '0/0', restart_lsn - '0/0',
@@ -45,6 +48,19 @@ class SlotStatus:
     wal_retained_bytes: int | None = None
     """Server WAL position minus restart_lsn: WAL the slot keeps on the server's disk."""
     wal_status: str | None = None
+    """reserved, extended, unreserved, or lost (WAL the slot needs was removed)."""
+    safe_wal_size: int | None = None
+    """Bytes of WAL before the slot risks 'lost'; None when unlimited."""
+    inactive_since: str | None = None
+    """ISO time since no walsender streams from it (PostgreSQL 17+)."""
+    invalidation_reason: str | None = None
+    """Why the server invalidated it (observability/position.py); None: valid."""
+    conflicting: bool | None = None
+    """PostgreSQL 16+: invalidated by a recovery conflict (a slot on a standby)."""
+    failover: bool | None = None
+    """PostgreSQL 17+: synchronised to standbys."""
+    synced: bool | None = None
+    """PostgreSQL 17+: a standby's copy of a primary's failover slot."""
 
 
 @dataclass
@@ -53,8 +69,17 @@ class Status:
     publication: str
     publication_exists: bool
     tables: list[str] = field(default_factory=list)
+    publication_kind: str | None = None
+    """FOR TABLE, FOR ALL TABLES or FOR TABLES IN SCHEMA."""
+    publication_managed: bool | None = None
+    """Whether pg2sink stream keeps its tables (--publication-mode); else uses it as it is."""
+    publication_left_out: list[str] = field(default_factory=list)
+    """The actions it does not publish (INSERT, UPDATE, DELETE, TRUNCATE)."""
     imports: list[dict[str, Any]] = field(default_factory=list)
     """The publication's import jobs (not expired), oldest first (jobs.Job.as_json)."""
+    role: dict[str, Any] = field(default_factory=dict)
+    """The connecting role: name, superuser, replication, and `needs_more`, the features
+    it cannot have (event triggers need a superuser, as on managed services)."""
     warnings: list[str] = field(default_factory=list)
     """What is likely a mistake: -t/-T patterns that select no table."""
 
@@ -63,7 +88,10 @@ def slot_status(conn: psycopg.Connection[TupleRow], name: str) -> SlotStatus:
     row = conn.execute(_SLOT, (name,)).fetchone()
     if row is None:
         return SlotStatus(name=name, exists=False)
-    active, pid, confirmed, _restart, lag, retained, wal_status = row
+    active, pid, confirmed, _restart, lag, retained, _wal_status = row
+    health = slot_health(conn, name)
+    if health is None:  # dropped between the two queries
+        return SlotStatus(name=name, exists=False)
     return SlotStatus(
         name=name,
         exists=True,
@@ -72,39 +100,110 @@ def slot_status(conn: psycopg.Connection[TupleRow], name: str) -> SlotStatus:
         confirmed_lsn=format_lsn(int(confirmed)) if confirmed is not None else None,
         lag_bytes=int(lag) if lag is not None else None,
         wal_retained_bytes=int(retained) if retained is not None else None,
-        wal_status=wal_status,
+        wal_status=health.wal_status,
+        safe_wal_size=health.safe_wal_size,
+        inactive_since=health.inactive_since.isoformat() if health.inactive_since else None,
+        invalidation_reason=health.invalidation_reason,
+        conflicting=health.conflicting,
+        failover=health.failover,
+        synced=health.synced,
     )
 
 
 def collect(src: SourceConfig) -> Status:
     conn = connect(src.dsn, application_name="pg2sink status")
     try:
-        exists = publication_exists(conn, src.publication)
-        tables = [t.qualified for t in publication_members(conn, src.publication)] if exists else []
-        return Status(
+        manager = PublicationManager(
+            conn,
+            src.publication,
+            src.schemas,
+            TableFilter.from_patterns(src.tables, src.exclude_tables),
+            src.internal_schema,
+            mode=src.publication_mode,
+        )
+        info = publication_info(conn, src.publication)
+        tables = (
+            [t.qualified for t in publication_members(conn, src.publication, src.internal_schema)]
+            if info is not None
+            else []
+        )
+        warnings = _pattern_warnings(manager)
+        status = Status(
             slot=slot_status(conn, src.slot),
             publication=src.publication,
-            publication_exists=exists,
+            publication_exists=info is not None,
             tables=tables,
             imports=[
                 j.as_json() for j in jobs.list_jobs(conn, src.internal_schema, src.publication)
             ],
-            warnings=_pattern_warnings(conn, src),
+            warnings=warnings,
         )
+        if info is not None:
+            status.publication_kind = info.kind
+            try:
+                status.publication_managed = manager.manages(info)
+            except ConfigError as e:  # --publication-mode manage of a FOR ALL TABLES one
+                warnings.append(str(e))
+            status.publication_left_out = list(info.left_out)
+            line = left_out_warning(src.publication, info)
+            if line is not None:
+                warnings.append(line)
+        status.role = role_status(conn, src.internal_schema)
+        warnings += status.role["needs_more"]
+        if status.slot.invalidation_reason is not None:
+            warnings.append(invalidated_message(src.slot, status.slot.invalidation_reason))
+        return status
     finally:
         conn.close()
 
 
-def _pattern_warnings(conn: psycopg.Connection[TupleRow], src: SourceConfig) -> list[str]:
-    table_filter = TableFilter.from_patterns(src.tables, src.exclude_tables)
-    if not table_filter.has_patterns():
+#: the event triggers pg2sink may create, by name suffix after the internal schema's
+#: name: what each gives (migrate.set_capture_ddl, publication/columns.py)
+_EVENT_TRIGGERS = (
+    ("_capture_ddl", "--capture-ddl (DDL statements as messages) is off"),
+    (
+        "_column_lists",
+        "--exclude-column cannot use publication column lists: excluded values reach "
+        "pg2sink, which drops them before any sink",
+    ),
+)
+
+
+def role_status(conn: psycopg.Connection[TupleRow], internal_schema: str) -> dict[str, Any]:
+    """The role's rights, and a line per feature that needs more than it has: an event
+    trigger a superuser has not created (pg2sink makes them only as one)."""
+    row = conn.execute(
+        "SELECT current_user, rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    assert row is not None
+    user, superuser, replication = row
+    needs_more: list[str] = []
+    if not superuser:
+        have = {
+            r[0]
+            for r in conn.execute(
+                "SELECT evtname FROM pg_event_trigger WHERE evtname = ANY(%s)",
+                ([internal_schema + suffix for suffix, _ in _EVENT_TRIGGERS],),
+            )
+        }
+        needs_more = [
+            f"role {user} is not a superuser, who alone creates event triggers: {what}"
+            for suffix, what in _EVENT_TRIGGERS
+            if internal_schema + suffix not in have
+        ]
+    return {
+        "name": user,
+        "superuser": bool(superuser),
+        "replication": bool(replication),
+        "needs_more": needs_more,
+    }
+
+
+def _pattern_warnings(manager: PublicationManager) -> list[str]:
+    table_filter = manager.filter
+    if not table_filter.has_patterns() or manager.selected():
         return []
-    manager = PublicationManager(
-        conn, src.publication, src.schemas, table_filter, src.internal_schema
-    )
-    if manager.selected():
-        return []
-    return [f"{table_filter.describe()} select no table in schema(s) {', '.join(src.schemas)}"]
+    return [f"{table_filter.describe()} select no table in schema(s) {', '.join(manager.schemas)}"]
 
 
 def import_jobs(src: SourceConfig, *, include_expired: bool = False) -> list[jobs.Job]:
@@ -197,6 +296,8 @@ def render(status: Status) -> str:
             + (f" ({s.wal_status})" if s.wal_status else "")
         )
     lines = [slot]
+    if s.exists:
+        lines.append("  health: " + _health(s))
     if s.exists and s.confirmed_lsn is not None:
         # the WAL after the confirmed position is what the slot can send again: with
         # --wal-retain, the retained window (docs/replay.md)
@@ -205,13 +306,44 @@ def render(status: Status) -> str:
             "(pg2sink replay --since LSN|DURATION)"
         )
     if status.publication_exists:
-        lines.append(f"publication {status.publication}: {len(status.tables)} tables")
+        how = {True: "kept by pg2sink", False: "used as it is", None: "refused"}
+        left_out = status.publication_left_out
+        lines.append(
+            f"publication {status.publication} ({status.publication_kind}, "
+            f"{how[status.publication_managed]}): {len(status.tables)} tables; publishes "
+            + (", ".join(a.upper() for a in ACTIONS if a.upper() not in left_out) or "nothing")
+            + (f" (not {', '.join(left_out)})" if left_out else "")
+        )
         lines += [f"  {t}" for t in status.tables]
     else:
         lines.append(f"publication {status.publication}: does not exist")
+    role = status.role
+    if role:
+        rights = "superuser" if role["superuser"] else "not superuser"
+        rights += ", replication" if role["replication"] else ", no replication"
+        lines.append(f"role {role['name']}: {rights}")
     lines += [f"warning: {w}" for w in status.warnings]
     lines += _job_lines(status.imports)
     return "\n".join(lines)
+
+
+def _health(s: SlotStatus) -> str:
+    """The slot's health in one line: valid or why not, WAL status and margin."""
+    parts = [f"invalidated ({s.invalidation_reason})" if s.invalidation_reason else "valid"]
+    if s.wal_status:
+        parts.append(f"wal_status {s.wal_status}")
+    parts.append(
+        f"safe_wal_size {_size(s.safe_wal_size)}"
+        if s.safe_wal_size is not None
+        else "safe_wal_size unlimited"
+    )
+    if s.inactive_since:
+        parts.append(f"inactive since {s.inactive_since}")
+    if s.conflicting:
+        parts.append("conflicting")
+    if s.failover is not None:
+        parts.append(f"failover {'on' if s.failover else 'off'}" + (", synced" if s.synced else ""))
+    return ", ".join(parts)
 
 
 def as_json(status: Status) -> dict[str, Any]:

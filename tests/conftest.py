@@ -124,6 +124,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
 PG_VERSION = services.postgres_version(os.environ.get("PG2SINK_TEST_PG_VERSION"))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests of a server feature the session's major lacks (`pg_since(N)`,
+    e.g. column lists on 14): they cannot run there, and are not reported as skipped."""
+    lacking = [
+        item
+        for item in items
+        if (mark := item.get_closest_marker("pg_since")) is not None and mark.args[0] > PG_VERSION
+    ]
+    if lacking:
+        config.hook.pytest_deselected(items=lacking)
+        items[:] = [item for item in items if item not in lacking]
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Say which major the session runs on (with -q too: the matrix runs several)."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

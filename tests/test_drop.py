@@ -45,7 +45,16 @@ def test_drop_refuses_a_slot_of_another_database(db: Database) -> None:
 def test_drop_of_a_missing_slot_still_drops_the_publication(db: Database) -> None:
     conn = db.connect()
     conn.execute(sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(db.publication)))
-    res = run_cli("drop", "--source", db.dsn, "--slot", db.slot, "--publication", db.publication)
+    args = ("drop", "--source", db.dsn, "--slot", db.slot, "--publication", db.publication)
+    # made by hand: left as it is unless pg2sink is told to manage it
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr
+    assert f"publication {db.publication} was not created by pg2sink" in res.stdout
+    assert (
+        scalar(conn, "SELECT count(*) FROM pg_publication WHERE pubname = %s", (db.publication,))
+        == 1
+    )
+    res = run_cli(*args, "--publication-mode", "manage")
     assert res.returncode == 0, res.stderr
     assert f"replication slot {db.slot} did not exist" in res.stdout
     assert f"dropped publication {db.publication}" in res.stdout

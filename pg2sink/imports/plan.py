@@ -148,8 +148,10 @@ def _partition_count(rows: int, target_partitions: int) -> int:
     return max(1, n, -(-rows // MAX_ROWS_PER_PARTITION))
 
 
+# attnames and rowfilter are PostgreSQL 15+ (column lists, row filters): before, a
+# published table is published whole (NULL reads as every column, no filter)
 _PUBLISHED = """
-SELECT t.attnames::text[], t.rowfilter, c.oid = %(relid)s
+SELECT {attnames}, {rowfilter}, c.oid = %(relid)s
 FROM pg_publication_tables t
 JOIN pg_namespace n ON n.nspname = t.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
@@ -172,9 +174,15 @@ def published_part(
     filter on such a root); they are imported through the root, so only when every
     leaf is published whole.
     """
-    rows = conn.execute(_PUBLISHED, {"publication": publication, "relid": relid}).fetchall()
-    own = [r for r in rows if r[2]]
     every = {c.name for c in columns}
+    lists = conn.info.server_version >= 150000
+    query = _PUBLISHED.format(
+        attnames="t.attnames::text[]" if lists else "%(every)s::text[]",
+        rowfilter="t.rowfilter" if lists else "NULL::text",
+    )
+    params = {"publication": publication, "relid": relid, "every": sorted(every)}
+    rows = conn.execute(query, params).fetchall()
+    own = [r for r in rows if r[2]]
     if own:
         names, row_filter = set(own[0][0] or ()), own[0][1]
     elif rows and all(r[1] is None and every <= set(r[0] or ()) for r in rows):

@@ -1,8 +1,9 @@
 """The HTTP API on --metrics-address: /health, /status, /stats, /metrics.
 
     GET /health   200 {"status": "ok"} while the process serves requests
-    GET /status   200 when the replication connection and the sink are healthy,
-                  500 otherwise; the JSON body names what is not and why
+    GET /status   200 when the replication connection and the sink are healthy and the
+                  slot is valid, 500 otherwise; the JSON body names what is not and why,
+                  and the slot's health at the last poll
     GET /stats    200, the StreamStats counters as JSON (schema in docs/observability.md)
     GET /metrics  200, Prometheus text format (OpenMetrics when the scraper asks)
 
@@ -19,6 +20,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -108,7 +110,9 @@ def stats_document(stats: StreamStats, now: float | None = None) -> dict[str, An
         ),
         "wal_retained_bytes": s.wal_retained_bytes(),
         "slot_active": s.slot_active,
+        "slot_health": slot_health_document(s),
         "publication_tables": s.publication_tables,
+        "publication_actions": dict(s.publication_actions),
         "messages": dict(sorted(dict(s.messages).items())),
         "changes": tables,
         "heartbeats": s.heartbeats,
@@ -118,9 +122,22 @@ def stats_document(stats: StreamStats, now: float | None = None) -> dict[str, An
     }
 
 
+def slot_health_document(s: StreamStats) -> dict[str, Any]:
+    """The slot's health at the last poll, as /status and /stats show it."""
+    since = s.slot_inactive_since
+    return {
+        "wal_status": s.slot_wal_status,
+        "safe_wal_size": s.slot_safe_wal_size,
+        "inactive_since": (datetime.fromtimestamp(since, UTC).isoformat() if since else None),
+        "invalidation_reason": s.slot_invalidation_reason,
+    }
+
+
 def status_document(stats: StreamStats) -> tuple[bool, dict[str, Any]]:
     """(healthy, JSON body of GET /status)."""
     problems: dict[str, str] = {}
+    if stats.slot_invalidation_reason is not None:
+        problems["slot"] = f"invalidated ({stats.slot_invalidation_reason})"
     if not stats.replication_connected:
         problems["replication"] = stats.replication_reason or "not connected"
     if not stats.sink_healthy:
@@ -130,6 +147,8 @@ def status_document(stats: StreamStats) -> tuple[bool, dict[str, Any]]:
         "replication": "ok" if "replication" not in problems else "failing",
         "sink": "ok" if "sink" not in problems else "failing",
     }
+    if stats.server_sampled_at is not None:
+        body["slot"] = slot_health_document(stats)
     if problems:
         body["problems"] = problems
     return not problems, body

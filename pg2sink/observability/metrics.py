@@ -70,7 +70,8 @@ def _health(s: StreamStats) -> Iterator[Metric]:
     yield info
     yield _gauge(
         "pg2sink_up",
-        "1 when the replication connection and the sink are healthy (GET /status 200)",
+        "1 when the replication connection and the sink are healthy and the slot valid "
+        "(GET /status 200)",
         s.healthy,
     )
     yield _gauge(
@@ -124,6 +125,16 @@ def _stream(s: StreamStats, now: float) -> Iterator[Metric]:
         "tables in the publication after the last reconciliation",
         s.publication_tables,
     )
+    if s.publication_actions:
+        publishes = GaugeMetricFamily(
+            "pg2sink_publication_publishes",
+            "1 when the publication publishes the action (its publish option); 0: those "
+            "changes never reach pg2sink",
+            labels=["action"],
+        )
+        for action, on in s.publication_actions.items():
+            publishes.add_metric([action], int(on))
+        yield publishes
 
 
 def _server(s: StreamStats) -> Iterator[Metric]:
@@ -165,6 +176,48 @@ def _server(s: StreamStats) -> Iterator[Metric]:
             "WAL the server retains for the slot (WAL position minus restart_lsn)",
             retained,
         )
+    yield from _slot_health(s)
+
+
+#: pg_replication_slots.wal_status values: each is a label of pg2sink_slot_wal_status
+WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+
+
+def _slot_health(s: StreamStats) -> Iterator[Metric]:
+    """The slot's health at the last poll: WAL status, safe size, inactivity, validity."""
+    if s.slot_wal_status is not None:
+        status = GaugeMetricFamily(
+            "pg2sink_slot_wal_status",
+            "1 for the slot's wal_status at the last poll (reserved, extended, unreserved, "
+            "lost: WAL it needs was removed), 0 for the others",
+            labels=["status"],
+        )
+        for name in WAL_STATUSES:
+            status.add_metric([name], int(s.slot_wal_status == name))
+        yield status
+        safe = s.slot_safe_wal_size
+        yield _gauge(
+            "pg2sink_slot_safe_wal_size_bytes",
+            "WAL that can still be written before the slot risks wal_status 'lost' "
+            "(max_slot_wal_keep_size); -1 when unlimited, as that setting writes it",
+            safe if safe is not None else -1,
+        )
+    if s.slot_inactive_since is not None:
+        yield _gauge(
+            "pg2sink_slot_inactive_since_timestamp_seconds",
+            "since when no walsender streams from the slot (Unix seconds; PostgreSQL 17+)",
+            s.slot_inactive_since,
+        )
+    if s.server_sampled_at is not None and s.slot_active is not None:
+        invalid = GaugeMetricFamily(
+            "pg2sink_slot_invalidated",
+            "1 when the server invalidated the slot, with its reason (wal_removed, "
+            "rows_removed, wal_level_insufficient, idle_timeout); pg2sink then stops",
+            labels=["reason"],
+        )
+        reason = s.slot_invalidation_reason
+        invalid.add_metric([reason or ""], int(reason is not None))
+        yield invalid
 
 
 def _sink(s: StreamStats) -> Iterator[Metric]:

@@ -182,6 +182,14 @@ class ServerPosition:
     """The slot's restart_lsn: WAL from here on is retained for it (None: no slot)."""
     active: bool | None
     """Whether a walsender streams from the slot (None: no slot)."""
+    wal_status: str | None = None
+    """pg_replication_slots.wal_status: reserved, extended, unreserved, lost."""
+    safe_wal_size: int | None = None
+    """Bytes of WAL before the slot risks 'lost' (None: unlimited, or no slot)."""
+    inactive_since: float | None = None
+    """Unix seconds since the slot is inactive (PostgreSQL 17+; None: active or unknown)."""
+    invalidation_reason: str | None = None
+    """Why the server invalidated the slot (observability.position); None: valid."""
 
 
 def error_kind(error: BaseException) -> str:
@@ -226,6 +234,9 @@ class StreamStats:
         self.heartbeats = 0
         #: Tables in the publication after the last reconciliation.
         self.publication_tables = 0
+        #: Whether the publication publishes each action (insert, update, delete,
+        #: truncate), after the last reconciliation (empty: not read yet).
+        self.publication_actions: dict[str, bool] = {}
         #: (end LSN, commit time) of transactions received but not acknowledged yet.
         self._pending: deque[tuple[int, datetime]] = deque()
 
@@ -236,6 +247,11 @@ class StreamStats:
         self.slot_restart_lsn = 0
         #: Whether the slot was active at the last poll (None: unknown).
         self.slot_active: bool | None = None
+        #: The slot's health at the last poll (ServerPosition's fields; None: unknown).
+        self.slot_wal_status: str | None = None
+        self.slot_safe_wal_size: int | None = None
+        self.slot_inactive_since: float | None = None
+        self.slot_invalidation_reason: str | None = None
         #: When the server was last sampled (clock seconds; None: never).
         self.server_sampled_at: float | None = None
 
@@ -319,6 +335,10 @@ class StreamStats:
         self.server_wal_lsn = position.wal_lsn
         self.slot_restart_lsn = position.restart_lsn or 0
         self.slot_active = position.active
+        self.slot_wal_status = position.wal_status
+        self.slot_safe_wal_size = position.safe_wal_size
+        self.slot_inactive_since = position.inactive_since
+        self.slot_invalidation_reason = position.invalidation_reason
         self.server_sampled_at = self.clock()
 
     def count_error(self, error: BaseException | str) -> None:
@@ -366,7 +386,11 @@ class StreamStats:
 
     @property
     def healthy(self) -> bool:
-        return self.replication_connected and self.sink_healthy
+        return (
+            self.replication_connected
+            and self.sink_healthy
+            and self.slot_invalidation_reason is None
+        )
 
     # -- derived values (read side) ---------------------------------------------------
 

@@ -218,6 +218,27 @@ class ColumnLists:
                 self._set_list(conn, t, wanted)
         self._mark(conn, keep)
 
+    def hands_off(
+        self, conn: psycopg.Connection[TupleRow], members: Sequence[tuple[int, str, str]]
+    ) -> None:
+        """A publication pg2sink does not manage (--publication-mode): no list is set;
+        `travelling` says where excluded values reach pg2sink (its own lists may keep
+        them on the server)."""
+        self.travelling = {}
+        if not self.exclusions:
+            return
+        if conn.info.server_version < 150000:
+            lists: dict[int, list[str] | None] = {}
+            why = "PostgreSQL before 15 has no column lists"
+        else:
+            lists = {r[0]: r[1] for r in conn.execute(_LISTS, (self.publication,))}
+            why = "the publication is not pg2sink's to alter (--publication-mode)"
+        for t in self._tables(conn, members):
+            excluded = {c for c in t.columns if self._excludes(t, c)}
+            listed = lists.get(t.oid)
+            if excluded and (listed is None or excluded & set(listed)):
+                self.travelling[t.oid] = why
+
     def _excludes(self, t: _Table, column: str) -> bool:
         return any(r.matches(t.schema, t.name, column) for r in self.exclusions)
 

@@ -21,6 +21,13 @@ changes arrive under the root's name or their own is the publication option
 publish_via_partition_root (--publish-via-partition-root), which reconcile() sets on
 creation and alters on an existing publication whose setting differs
 (https://www.postgresql.org/docs/15/sql-createpublication.html).
+
+A publication pg2sink did not create is never changed unless told to (--publication-mode):
+`manage` keeps the membership as above whoever made it; `use` streams what it publishes
+(FOR TABLE, FOR ALL TABLES, FOR TABLES IN SCHEMA) and alters nothing; `auto`, the default,
+manages the publications pg2sink created (marked by a COMMENT) and uses the others. A
+publication's `publish` option may leave actions out (pubinsert, pubupdate, pubdelete,
+pubtruncate): that is said once when it starts being so, and kept for status and metrics.
 """
 
 from __future__ import annotations
@@ -37,29 +44,22 @@ from pg2sink.errors import ConfigError, ServerConfigError
 from pg2sink.publication.columns import ColumnLists, ColumnRule
 from pg2sink.publication.generated import GeneratedColumns
 from pg2sink.publication.patterns import TableFilter
+from pg2sink.publication.published import (
+    CREATED_MARK,
+    MODES,
+    PublicationInfo,
+    Table,
+    has_import_jobs,
+    internal_schema_published,
+    left_out_warning,
+    own_members,
+    publication_exists,
+    publication_info,
+    publication_members,
+    table_rows,
+)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Table:
-    schema: str
-    name: str
-    oid: int = 0
-    #: pg_class.relreplident: d(efault), n(othing), f(ull), i(ndex)
-    replica_identity: str = "d"
-    has_primary_key: bool = True
-    #: UPDATE/DELETE on it (on one of its partitions) fail while it is published: no key
-    #: to log. Known for candidates only (members are read without it).
-    lacks_identity: bool = False
-
-    @property
-    def qualified(self) -> str:
-        return f"{self.schema}.{self.name}"
-
-    @property
-    def identifier(self) -> sql.Identifier:
-        return sql.Identifier(self.schema, self.name)
 
 
 @dataclass(frozen=True)
@@ -110,42 +110,10 @@ WHERE NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = s)
 ORDER BY 1
 """
 
-_MEMBERS = """
-SELECT n.nspname, c.relname, c.oid, c.relreplident, true
-FROM pg_publication p
-JOIN pg_publication_rel pr ON pr.prpubid = p.oid
-JOIN pg_class c ON c.oid = pr.prrelid
-JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE p.pubname = %(publication)s
-ORDER BY 1, 2
-"""
-
-
 #: PublicationManager's on_change: (connection in the reconcile transaction, joined, left)
 MembershipHook = Callable[
     [psycopg.Connection[TupleRow], Sequence["Table"], Sequence["Table"]], None
 ]
-
-
-def _tables(rows: list[TupleRow]) -> list[Table]:
-    return [Table(*r) for r in rows]
-
-
-def publication_exists(conn: psycopg.Connection[TupleRow], name: str) -> bool:
-    row = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
-    return row is not None
-
-
-def publication_via_root(conn: psycopg.Connection[TupleRow], name: str) -> bool | None:
-    """The publication's publish_via_partition_root; None when it does not exist."""
-    row = conn.execute(
-        "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (name,)
-    ).fetchone()
-    return bool(row[0]) if row is not None else None
-
-
-def publication_members(conn: psycopg.Connection[TupleRow], name: str) -> list[Table]:
-    return _tables(conn.execute(_MEMBERS, {"publication": name}).fetchall())
 
 
 class PublicationManager:
@@ -163,6 +131,7 @@ class PublicationManager:
         allow_no_replica_identity: bool = False,
         exclusions: Sequence[ColumnRule] = (),
         publish_generated_columns: bool = False,
+        mode: str = "auto",
     ) -> None:
         self.conn = conn
         self.publication = publication
@@ -183,13 +152,24 @@ class PublicationManager:
         self._schemas_checked = False
         #: --exclude-column as publication column lists (publication/columns.py)
         self.columns = ColumnLists(publication, internal_schema, exclusions)
+        if mode not in MODES:
+            raise ValueError(f"publication mode {mode!r} not in {MODES}")
+        self.mode = mode
+        #: the publication as the last reconcile read it
+        self.info: PublicationInfo | None = None
+        #: whether the last reconcile managed the membership (else used it as it is)
+        self.managing = mode != "use"
+        #: what was last said about the publication's kind and actions (said on change)
+        self._said: tuple[bool, tuple[str, ...]] | None = None
+        #: used as it is: the members at the previous reconcile (joined/left from there)
+        self._used: dict[int, Table] | None = None
 
     def selected(self) -> list[Table]:
         """The tables of the schemas that the -t/-T patterns accept."""
         rows = self.conn.execute(
             _CANDIDATES, {"schemas": list(self.schemas), "internal": self.internal_schema}
         ).fetchall()
-        return [t for t in _tables(rows) if self.filter.wants(t.schema, t.name)]
+        return [t for t in table_rows(rows) if self.filter.wants(t.schema, t.name)]
 
     def desired(self) -> list[Table]:
         """The tables the publication should hold: selected, and safe to publish."""
@@ -222,12 +202,18 @@ class PublicationManager:
                     (f"pg2sink.publication.{self.publication}",),
                 )
                 self._check_schemas()
-                changed = self._ensure_publication()
+                info = publication_info(self.conn, self.publication)
+                self.managing = self._manages(info)
+                if not self.managing:
+                    assert info is not None
+                    return self._use(info)
+                changed = self._ensure_publication(info)
                 # created just now: with the option already
                 created = changed is not None and changed.startswith("created ")
                 aligned = None if created else self.generated.align(self.conn)
                 changed = "; ".join(m for m in (changed, aligned) if m) or None
-                current = {t.oid: t for t in publication_members(self.conn, self.publication)}
+                self.info = publication_info(self.conn, self.publication)
+                current = {t.oid: t for t in own_members(self.conn, self.publication)}
                 selected = self.selected()
                 wanted = {t.oid: t for t in selected if not self._keep_out(t)}
                 joined = [t for oid, t in wanted.items() if oid not in current]
@@ -258,6 +244,7 @@ class PublicationManager:
         # committed: now it is true to say so
         if changed:
             log.info("%s", changed)
+        self._say_kind()
         self._warn_left_out([t for t in selected if self._keep_out(t)])
         self.columns.report({t.oid: t.qualified for t in wanted.values()})
         if not selected and self.filter.has_patterns():
@@ -297,17 +284,111 @@ class PublicationManager:
                 )
         self._left_out = {t.oid for t in left_out}
 
-    def _ensure_publication(self) -> str | None:
+    def _manages(self, info: PublicationInfo | None, *, mark: bool = True) -> bool:
+        """Whether this reconcile manages the membership (else uses the publication as it
+        is); ConfigError for a mode the publication cannot have. `mark`: a publication of
+        a pg2sink from before the mark gets it (`pg2sink status` writes nothing)."""
+        name = self.publication
+        if info is None:
+            if self.mode == "use":
+                raise ConfigError(
+                    f"publication {name} does not exist: --publication-mode use streams a "
+                    "publication made beforehand; create it, or let pg2sink create it "
+                    "(--publication-mode auto)"
+                )
+            return True
+        if self.mode == "use":
+            return False
+        if info.all_tables or info.in_schema:
+            if self.mode == "manage":
+                raise ConfigError(
+                    f"publication {name} is {info.kind}: its tables are not pg2sink's to "
+                    "add or drop; stream it as it is (--publication-mode use or auto), or "
+                    "give pg2sink a publication of its own (--publication)"
+                )
+            return False
+        if self.mode == "manage" or info.created_by_pg2sink:
+            return True
+        if info.comment is None and has_import_jobs(self.conn, self.internal_schema, name):
+            # made by a pg2sink from before the mark: marked now, managed as before
+            if not mark:
+                return True
+            self.conn.execute(
+                sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
+                    sql.Identifier(name), sql.Literal(CREATED_MARK)
+                )
+            )
+            return True
+        return False
+
+    def _use(self, info: PublicationInfo) -> Reconciliation:
+        """The publication as it is: its members, never altered (in the reconcile's
+        transaction; what changed since the previous reconcile goes to on_change)."""
+        self.info = info
+        current = {
+            t.oid: t for t in publication_members(self.conn, self.publication, self.internal_schema)
+        }
+        # the members at the first reconcile are where this process starts (as a managed
+        # publication's members are): only the tables that join later are imported
+        before = self._used if self._used is not None else current
+        joined = [t for oid, t in current.items() if oid not in before]
+        left = [t for oid, t in before.items() if oid not in current]
+        self.columns.hands_off(self.conn, [(t.oid, t.schema, t.name) for t in current.values()])
+        if self.on_change is not None and (joined or left):
+            self.on_change(self.conn, joined, left)
+        self._used = current
+        self._say_kind()
+        self.columns.report({t.oid: t.qualified for t in current.values()})
+        if info.via_root != self.publish_via_partition_root:
+            log.warning(
+                "publication %s has publish_via_partition_root = %s, not %s as "
+                "--publish-via-partition-root says: left as it is (it is not pg2sink's)",
+                self.publication,
+                str(info.via_root).lower(),
+                str(self.publish_via_partition_root).lower(),
+            )
+        for t in joined:
+            log.info("table %s joined publication %s", t.qualified, self.publication)
+        for t in left:
+            log.info("table %s left publication %s", t.qualified, self.publication)
+        return Reconciliation(tuple(joined), tuple(left), tuple(sorted(current.values())))
+
+    def _say_kind(self) -> None:
+        """Once, and again when it changes: a publication used as it is, and the
+        actions the publication leaves out."""
+        info = self.info
+        if info is None:
+            return
+        said = (self.managing, info.left_out)
+        if said == self._said:
+            return
+        if not self.managing and (self._said is None or self._said[0]):
+            log.warning(
+                "publication %s (%s) was not created by pg2sink: streamed as it is, "
+                "pg2sink adds and drops no table (-t, -T and --schema do not apply; "
+                "--publication-mode manage lets it)",
+                self.publication,
+                info.kind,
+            )
+        line = left_out_warning(self.publication, info)
+        if line is not None and (self._said is None or self._said[1] != info.left_out):
+            log.warning("%s", line)
+        self._said = said
+
+    def _ensure_publication(self, info: PublicationInfo | None) -> str | None:
         """Create the publication, or align its publish_via_partition_root with ours;
         returns what to log once the transaction commits."""
         pub = sql.Identifier(self.publication)
         via_root = sql.Literal(self.publish_via_partition_root)
-        current = publication_via_root(self.conn, self.publication)
+        current = info.via_root if info is not None else None
         if current is None:
             self.conn.execute(
                 sql.SQL("CREATE PUBLICATION {} WITH (publish_via_partition_root = {}{})").format(
                     pub, via_root, self.generated.create_option(self.conn)
                 )
+            )
+            self.conn.execute(
+                sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(pub, sql.Literal(CREATED_MARK))
             )
             return f"created publication {self.publication}"
         if current != self.publish_via_partition_root:
@@ -322,8 +403,39 @@ class PublicationManager:
             )
         return None
 
+    def publishes_internal_schema(self) -> bool:
+        """Whether the publication, as the last reconcile read it, publishes the tables of
+        pg2sink's internal schema: FOR ALL TABLES, or IN SCHEMA naming it."""
+        info = self.info
+        if info is None or self.managing:
+            return False
+        return info.all_tables or (
+            info.in_schema
+            and internal_schema_published(self.conn, self.publication, self.internal_schema)
+        )
+
+    def manages(self, info: PublicationInfo | None) -> bool:
+        """Whether pg2sink stream would manage the publication `info` (else use it as it
+        is); ConfigError for a mode it cannot have. Writes nothing."""
+        return self._manages(info, mark=False)
+
+    def kept(self) -> str | None:
+        """Why `pg2sink drop` leaves the publication as it is: pg2sink does not manage
+        it (--publication-mode); None when it may drop it (or it does not exist)."""
+        info = publication_info(self.conn, self.publication)
+        if info is None or self._manages(info, mark=False):
+            return None
+        return (
+            f"publication {self.publication} was not created by pg2sink ({info.kind}): "
+            "left as it is (--publication-mode manage drops it too)"
+        )
+
     def drop(self) -> bool:
-        """Drop the publication; False when it did not exist."""
+        """Drop the publication; False when it did not exist. ConfigError for one
+        pg2sink does not manage (--publication-mode)."""
+        kept = self.kept()
+        if kept is not None:
+            raise ConfigError(kept)
         if not publication_exists(self.conn, self.publication):
             return False
         self.columns.forget(self.conn)

@@ -98,6 +98,12 @@ class Rules:
         """Whether any rule exists (without one the stream takes no stage at all)."""
         return bool(self.only or self.excluded or self.masked or self.outbox)
 
+    def without_schema(self, schema: str) -> Rules:
+        """These rules, and no change of any table of `schema` passes: pg2sink's internal
+        schema when a FOR ALL TABLES publication it does not manage publishes it."""
+        every = TablePattern(f"{schema}.*", re.compile(re.escape(schema)), re.compile(".*"))
+        return dataclasses.replace(self, only=(*self.only, (every, frozenset())))
+
     def outbox_for(self, schema: str, table: str) -> OutboxRule | None:
         """The --outbox rule of the table, if it is an outbox (the first that matches)."""
         return next((r for r in self.outbox if r.table.matches(schema, table)), None)

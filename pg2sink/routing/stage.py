@@ -16,6 +16,8 @@ filtered actions and columns. Per message:
   none of them is left out.
 - an outbox table (--outbox, outbox.py): its Relation is left out, each Insert is
   published as one message and left out, its other messages are left out.
+- a table no action of which passes (pg2sink's internal schema under a FOR ALL TABLES
+  publication, Rules.without_schema): left out as an outbox's messages are.
 - everything else, and every message of a table no rule touches, passes as it is.
 
 A left-out change never reaches the builder, but its transaction's Begin and Commit do:
@@ -189,6 +191,9 @@ class RoutingStage:
         route = self.rules.route(rel.namespace, rel.name, [c.name for c in rel.columns])
         if route.passes_everything:
             return data
+        if not route.actions:  # nothing of it passes (Rules.without_schema): no Schema either
+            self._tables[rel.relation_id] = _Table(frozenset(), False, None)
+            return None
         masks = dict(route.masks)
         fates: tuple[Fate, ...] | None = None
         if route.changes_columns:

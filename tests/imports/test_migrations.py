@@ -8,8 +8,9 @@ from psycopg.rows import TupleRow
 
 from pg2sink.config import SecretDsn
 from pg2sink.imports.migrate import apply_migrations
-from pg2sink.publication.manager import PublicationManager, publication_members
+from pg2sink.publication.manager import PublicationManager
 from pg2sink.publication.patterns import TableFilter
+from pg2sink.publication.published import publication_members
 from tests.conftest import Database, run_cli
 
 

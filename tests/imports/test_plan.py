@@ -171,6 +171,7 @@ def _plan_published(conn: Conn, db: Database, table: str) -> ImportPlan:
         conn.execute("ROLLBACK")
 
 
+@pytest.mark.pg_since(15)  # column lists and row filters
 def test_only_what_the_publication_publishes(db: Database) -> None:
     conn = db.connect()
     pub = sql.Identifier(db.publication)

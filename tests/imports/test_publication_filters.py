@@ -32,7 +32,8 @@ from tests.imports.support import (
 )
 from tests.sinks.test_kafka import Reader, registry_get
 
-pytestmark = pytest.mark.slow
+# column lists and row filters are PostgreSQL 15+
+pytestmark = [pytest.mark.slow, pytest.mark.pg_since(15)]
 
 SECRETS = (b"password", b"hidden", b"pw-ann", b"pw-bob", b"pw-cat", b"pw-eve")
 

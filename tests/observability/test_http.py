@@ -11,8 +11,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pg2sink.observability.http import Server, parse_address, start_http_server
-from pg2sink.observability.stats import ImportProgress, StreamStats
+from pg2sink.observability.http import (
+    Server,
+    parse_address,
+    start_http_server,
+    status_document,
+)
+from pg2sink.observability.stats import ImportProgress, ServerPosition, StreamStats
 
 
 @pytest.fixture
@@ -201,3 +206,21 @@ def test_parse_address(text: str, expected: tuple[str, int]) -> None:
 def test_parse_address_errors(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_address(text)
+
+
+def test_status_names_an_invalidated_slot_and_shows_its_health() -> None:
+    stats = StreamStats()
+    stats.replication_up()
+    stats.sink_up()
+    healthy = ServerPosition(0x3000, 0x800, True, "extended", 1 << 20)
+    stats.set_server_position(healthy)
+    ok, body = status_document(stats)
+    assert ok and body["slot"]["wal_status"] == "extended"
+    assert body["slot"]["safe_wal_size"] == 1 << 20 and "problems" not in body
+    lost = ServerPosition(0x3000, None, False, "lost", None, 1.7e9, "wal_removed")
+    stats.set_server_position(lost)
+    ok, body = status_document(stats)
+    assert not ok and not stats.healthy
+    assert body["problems"] == {"slot": "invalidated (wal_removed)"}
+    assert body["slot"]["invalidation_reason"] == "wal_removed"
+    assert body["slot"]["inactive_since"].startswith("2023-11-14T")

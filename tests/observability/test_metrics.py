@@ -34,7 +34,17 @@ def full_stats() -> StreamStats:
     stats.acknowledge(0x1000)
     stats.heartbeats = 7
     stats.publication_tables = 2
-    stats.set_server_position(ServerPosition(wal_lsn=0x3000, restart_lsn=0x800, active=True))
+    stats.publication_actions = {"insert": True, "update": False, "delete": True, "truncate": True}
+    stats.set_server_position(
+        ServerPosition(
+            wal_lsn=0x3000,
+            restart_lsn=0x800,
+            active=True,
+            wal_status="extended",
+            safe_wal_size=1 << 20,
+            inactive_since=NOW - 60,
+        )
+    )
     stats.observe_flush(0.004, 120)
     stats.observe_flush(0.2, 5000)
     stats.write_seconds.observe(0.03)

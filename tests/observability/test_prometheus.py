@@ -105,7 +105,9 @@ class SyntheticStream:
             s.raw_buffer_bytes = 4096 * (tick % 3)
             if tick % 10 == 0:
                 s.heartbeats += 1
-                s.set_server_position(ServerPosition(lsn + 8192, lsn - 65536, True))
+                s.set_server_position(
+                    ServerPosition(lsn + 8192, lsn - 65536, True, "reserved", 1 << 30)
+                )
             if tick % 25 == 0:
                 s.log_messages["warning"] += 1
             big = s.imports[("public", "big")]

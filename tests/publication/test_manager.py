@@ -11,12 +11,9 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from pg2sink.errors import ConfigError, ServerConfigError
-from pg2sink.publication.manager import (
-    PublicationManager,
-    publication_members,
-    publication_via_root,
-)
+from pg2sink.publication.manager import PublicationManager
 from pg2sink.publication.patterns import TableFilter
+from pg2sink.publication.published import publication_members, publication_via_root
 from tests.conftest import Database
 
 
