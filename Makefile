@@ -106,20 +106,20 @@ services-stop:
 	@$(PYTHON) scripts/services.py stop
 
 bench-stream: setup
-	$(PY) bench/stream.py $(ARGS)
+	PG_VERSION=$(PG_VERSION) $(PY) bench/stream.py $(ARGS)
 
 bench-latency: setup
-	$(PY) bench/latency.py $(ARGS)
+	PG_VERSION=$(PG_VERSION) $(PY) bench/latency.py $(ARGS)
 
 bench-import: setup
-	$(PY) bench/import.py $(ARGS)
+	PG_VERSION=$(PG_VERSION) $(PY) bench/import.py $(ARGS)
 
 bench-bigtx: setup
-	$(PY) bench/bigtx.py $(ARGS)
+	PG_VERSION=$(PG_VERSION) $(PY) bench/bigtx.py $(ARGS)
 
 # pg2sink next to Debezium Server (fetched by scripts/debezium.py; runs on a JDK >= 21)
 bench-peers: setup
-	$(PY) bench/peers.py $(ARGS)
+	PG_VERSION=$(PG_VERSION) $(PY) bench/peers.py $(ARGS)
 
 # CPU seconds per change of the Kafka path on captured frames (bench/kafka_cpu.py):
 # comparable across code versions on a busy machine, unlike bench-stream's wall clock

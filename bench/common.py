@@ -76,19 +76,37 @@ def load_services() -> ModuleType:
     return importlib.import_module("services")
 
 
+def bench_pg_version(services: ModuleType) -> int:
+    """The PostgreSQL major the benches run: $PG_VERSION (`make bench-stream
+    PG_VERSION=18`), default 15 (Debian's); 14 to 18 as scripts/services.py has them."""
+    version: int = services.postgres_version(os.environ.get("PG_VERSION"))
+    return version
+
+
 def start_postgres(services: ModuleType, tmp: Path, stack: contextlib.ExitStack) -> Server:
-    """A PostgreSQL in `tmp`, destroyed when `stack` closes."""
-    print(f"starting PostgreSQL in {tmp} ...", flush=True)
-    server: Server = services.Postgres(base=tmp / "pg", port=services.free_port())
+    """A PostgreSQL of the bench's major in `tmp`, destroyed when `stack` closes."""
+    version = bench_pg_version(services)
+    print(f"starting PostgreSQL {version} in {tmp} ...", flush=True)
+    server: Server = services.Postgres(base=tmp / "pg", port=services.free_port(), version=version)
     stack.callback(server.destroy)
     server.start()
     return server
 
 
 def pg_binary(services: ModuleType, name: str) -> str:
-    """A PostgreSQL client program (psql, pg_recvlogical) of the server's own version."""
-    path = services.postgres_bindir() / name
-    return str(path) if path.exists() else shutil.which(name) or name
+    """A PostgreSQL client program (psql, pg_recvlogical) of the server's own major where
+    one is at hand: Debian's package of that major, or for 18 the client programs of the
+    PyPI wheel scripts/services.py fetches. The npm server builds of 14, 16 and 17 carry
+    no client programs: there Debian's (15) stand in, which speak the same protocol."""
+    version = bench_pg_version(services)
+    candidates = [Path(f"/usr/lib/postgresql/{version}/bin") / name]
+    if version == 18:
+        candidates.append(services.postgres_client_bindir() / name)
+    candidates.append(services.postgres_bindir() / name)
+    for path in candidates:
+        if path.exists():
+            return str(path)
+    return shutil.which(name) or name
 
 
 @dataclass(frozen=True)
