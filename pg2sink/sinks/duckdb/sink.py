@@ -71,8 +71,8 @@ CHUNK_RECORDS = 5_000
 
 #: the chunks' DuckDB transaction commits once it holds this many rows (four chunks):
 #: DuckDB keeps memory per row of an open transaction until its commit, and each commit
-#: syncs its WAL (docs/benchmarks.md, "Session 7: DuckDB sink": a commit per chunk took
-#: more memory and time than this)
+#: syncs its WAL: a commit per chunk takes more memory and time than this
+#: (`make bench-stream ARGS="--sink duckdb"`)
 COMMIT_ROWS = 20_000
 
 #: DuckDB settings of the sink's connection (the file's readers have their own): a row
@@ -80,7 +80,7 @@ COMMIT_ROWS = 20_000
 #: default buffers five, 600,000 rows, before writing them); one thread: a batch of a few
 #: thousand rows gains nothing from DuckDB's parallel operators, which cost CPU to
 #: coordinate, and the cores are the stream's and PostgreSQL's walsender's too
-#: (docs/benchmarks.md, "Session 8: DuckDB sink CPU")
+#: (`make bench-stream ARGS="--sink duckdb"`)
 SETTINGS = {"write_buffer_row_group_count": "1", "threads": "1"}
 
 #: the cyclic garbage collector's first threshold while the sink is open (Python's default

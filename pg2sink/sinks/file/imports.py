@@ -39,10 +39,9 @@ __all__ = ["FileImportTarget", "FileImportWriter"]
 #: Bytes of whole lines gathered before one os.write (the FileSink's buffer size).
 WRITE_BYTES = 1 << 20
 
-#: Bytes a task appends between two `CacheRelease` requests. bench-import (5M rows,
-#: about 2 GB of lines, 2 cores): 10.6-11.1 s with a request every 8, 32 or 128 MiB
-#: against 13.7-13.9 s without, pg2sink's CPU 14.5-15.2 s against 18.3-19.1 s
-#: (docs/benchmarks.md, "Session 10").
+#: Bytes a task appends between two `CacheRelease` requests: releasing the page cache as
+#: the import goes makes it faster and cheaper in CPU than leaving the whole file cached,
+#: and any size from 8 to 128 MiB does as well (`make bench-import ARGS="--sink file"`).
 RELEASE_BYTES = 32 << 20
 
 
