@@ -2,21 +2,25 @@
 pg2sink run as users run it. A driver JVM killed mid-import is replaced by a new
 session that imports the partitions left, and the table converges; a JVM that cannot
 start is one clear line per try and a failed job, shown by `pg2sink import --list`,
-`pg2sink status`, /status and /metrics."""
+`pg2sink status`, /status and /metrics. On a standalone cluster of the test's own (never
+the shared one of `make services`), a worker and the master killed mid-import: the
+session is found lost, replaced once the cluster is back, and the table converges."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+import services
 
 from tests.conftest import Database, Pg2Sink, descendants, run_cli, wait_for
 from tests.imports import test_consistency as consistency
@@ -27,6 +31,7 @@ from tests.imports.support import (
     wait_confirmed,
     wait_imported,
 )
+from tests.imports.test_cluster import on_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -152,3 +157,66 @@ def test_a_jvm_that_cannot_start_fails_the_job_in_one_line_per_try(
     assert 'pg2sink_import_state{schema="public",state="failed",table="t"} 1.0' in metrics
     assert "pg2sink_import_spark_sessions_lost_total 4.0" in metrics, metrics
     assert proc.stop() == 0
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[services.SparkCluster]:
+    """A standalone cluster (a master, two one-core workers) for this test alone: it
+    kills the master, which the shared cluster's other users need."""
+    cluster = services.SparkCluster(
+        tmp_path / "spark", services.free_ports(services.SERVICES["spark"])
+    )
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.mark.timeout(1200)
+def test_a_worker_and_the_master_killed_mid_import_complete_on_a_new_session(
+    db: Database,
+    own_cluster: services.SparkCluster,
+    pg2sink_proc: Callable[..., Pg2Sink],
+    tmp_path: Path,
+) -> None:
+    conn = db.connect()
+    consistency._fill(conn, 200_000, 2_000, 3_000)
+    out = tmp_path / "changes.jsonl"
+    writer = consistency.Writer(db.dsn, seed=33)
+    writer.start()
+    try:
+        # sessions started while the master is down fail too: room for them
+        proc = start_with_imports(
+            on_cluster(pg2sink_proc, own_cluster), out, "--spark-session-failures", "6"
+        )
+
+        def some_done() -> bool:
+            assert proc.proc is not None and proc.proc.poll() is None, proc.stderr()
+            done, total = partitions_done(db, "public.single")
+            return 1 <= done <= total - 3
+
+        wait_for(some_done, 400, "some partitions of public.single to be done")
+        for daemon in (own_cluster.workers[0], own_cluster.master):
+            pid = daemon.pid()
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):  # this process started it
+                os.waitpid(pid, 0)
+        # longer than the watchdog waits for an unreachable master
+        wait_for(lambda: "stopped accepting connections" in proc.stderr(), 60, "the master's loss")
+        own_cluster.start()  # the master and the killed worker again, on the same ports
+        wait_imported(db, TABLES, proc, timeout=600)
+        time.sleep(1.0)
+    finally:
+        writer.stop.set()
+        writer.join(30)
+    assert writer.error is None, writer.error
+    wait_confirmed(db, proc)
+    assert proc.stop() == 0
+    err = proc.stderr()
+    lost = [line for line in err.splitlines() if "starting a new Spark session" in line]
+    assert lost, err
+    assert f"the Spark master {own_cluster.url} stopped accepting connections" in lost[0]
+    assert "Traceback" not in err, err
+    consistency._check_converged(read_changelog(out), conn)
