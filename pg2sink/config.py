@@ -20,6 +20,8 @@ from pg2sink.options import (
     flag,
     format_duration,
     parse_duration_or_zero,
+    parse_jvm_memory,
+    positive_int,
 )
 from pg2sink.routing.config import GROUP as ROUTING_GROUP
 from pg2sink.routing.config import RoutingConfig
@@ -284,6 +286,27 @@ class StreamConfig:
     )
     """The driver JVM's class archive directory (imports/class_archive.py); None: the
     default one, 'off': none."""
+    spark_driver_memory: str | None = flag(
+        None,
+        group=Group.SPARK,
+        help="heap of the Spark driver JVM (512m, 4g...), which with local[*] also runs the "
+        "import's tasks; an OutOfMemoryError names this option; it also sizes the bytes "
+        "each task reads and batches at once (default: a quarter of this machine's memory, "
+        "1g to 16g)",
+        parse=parse_jvm_memory,
+        metavar="SIZE",
+    )
+    """spark.driver.memory (imports/spark.py driver_memory); None: from the machine's memory."""
+    spark_session_failures: int = flag(
+        3,
+        group=Group.SPARK,
+        help="an import attempt fails (and is retried after the backoff) once Spark's session "
+        "died this many times in a row without a partition done, each time replaced by a new "
+        "one (a dead driver JVM, a broken gateway, a lost cluster master)",
+        parse=positive_int,
+        metavar="N",
+    )
+    """Spark sessions an import attempt starts, one after the other, before it fails."""
     messages: bool = flag(
         False,
         group=Group.CHANGES,

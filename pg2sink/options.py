@@ -141,6 +141,25 @@ def factor(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """A whole number of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+_JVM_MEMORY = re.compile(r"^[1-9]\d*[kmgt]?$", re.IGNORECASE)
+
+
+def parse_jvm_memory(text: str) -> str:
+    """A JVM memory size as -Xmx reads it (512m, 4g; a bare number is bytes)."""
+    value = text.strip()
+    if not _JVM_MEMORY.match(value):
+        raise ValueError(f"invalid memory size {text!r} (examples: 512m, 4g)")
+    return value.lower()
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One config field's option: the field, its Flag and the names derived from it."""

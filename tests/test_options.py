@@ -37,6 +37,8 @@ SAMPLES: dict[str, list[str]] = {
     "registry": ["timeout=5", "basic.auth.credentials.source=URL"],
     "topic_map": ["public.a=x", "public.b=y"],
     "import_backoff_factor": ["3"],
+    "spark_driver_memory": ["2g"],
+    "spark_session_failures": ["5"],
     "kinesis_create_stream": ["2"],
     "format": ["debezium"],  # the one --debezium-schemas goes with
     "nats_duplicate_window": ["10m"],

@@ -13,6 +13,15 @@ Per job (docs/imports.md has the argument):
 5. mark the job done and open the gate; on failure record the error, schedule the
    next attempt with exponential backoff and open the gate.
 
+Spark is supervised: a session found dead (spark.SparkSessionLost: its driver JVM
+exited or was killed, its py4j gateway broke, its heap ran out, its cluster master or
+executors were lost) is dropped and a new one started at once, and the job goes on with
+its partitions not marked done, at the same snapshot with the gate still held; one
+warning line says what died and what happens next. After --spark-session-failures
+sessions in a row died without a partition done, the attempt fails as any other (the
+error in `pg2sink import --list`, `status`, /status, the metrics; the next attempt after
+the backoff). Meanwhile a stream held at the table's gate says why once a minute.
+
 Progress is a rich progress bar on an interactive stderr, one log line per job
 otherwise, and StreamStats.imports (the pg2sink_import_* metrics) either way; the rows
 of each partition durably written count as IMPORT changes (pg2sink_changes_total).
@@ -234,6 +243,7 @@ class ImportEngine:
                     job.rows_processed,
                     job.rows_estimated,
                     "pending" if job.state == "expired" else job.state,
+                    job.error if job.state == "failed" else None,
                 )
             if (
                 job.state in jobs.LIVE_STATES
@@ -278,7 +288,7 @@ class ImportEngine:
                 return
             if _has_rows(reader, schema, table):
                 # start Spark (seconds of JVM) before the gate may pause the stream
-                self._spark_runner().session()
+                self._start_spark(job)
             self.gate.hold(schema, table, keyless=keyless)
             # a transaction whose changes the stream received before the gate took hold
             # may still be in the server's list of running ones for a moment: a snapshot
@@ -304,10 +314,11 @@ class ImportEngine:
                     changes[Operation.IMPORT] += n
                     self._progress.advance(task, n)
 
-                rows = self._run_spark(job, plan, todo, exporter.name, advance)
+                rows = self._run_spark(conn, job, plan, todo, exporter.name, advance)
             jobs.finish(conn, internal, job.id)
             self.gate.finish(schema, table)
             progress.state = "done"
+            progress.error = None
             elapsed = time.monotonic() - started
             log.info(
                 "import of %s done: %d rows in %.1fs (%.0f rows/s), %d of %d partitions this run",
@@ -345,6 +356,7 @@ class ImportEngine:
         delay = jobs.fail(conn, self.src.internal_schema, job.id, message, self.backoff)
         self.gate.finish(job.schema, job.table, retry=True)
         progress.state = "failed"
+        progress.error = message
         self.stats.count_error(error)
         log.warning(
             "import of %s failed (attempt %d): %s; next attempt in %.0fs",
@@ -393,24 +405,80 @@ class ImportEngine:
             planner.close()
         return plan, [] if empty else [p.number for p in stored if not p.done]
 
+    def _start_spark(self, job: jobs.Job) -> None:
+        """The runner's session, started anew while it dies (module docstring)."""
+        from pg2sink.imports.spark import SparkSessionLost
+
+        failures = 0
+        while True:
+            try:
+                self._spark_runner().session()
+                return
+            except SparkSessionLost as e:
+                failures += 1
+                self._session_lost(job, str(e), failures, None)
+
     def _run_spark(
-        self, job: jobs.Job, plan: Any, todo: list[int], snapshot: str, advance: Any
+        self,
+        conn: psycopg.Connection[TupleRow],
+        job: jobs.Job,
+        plan: Any,
+        todo: list[int],
+        snapshot: str,
+        advance: Any,
     ) -> int:
-        from pg2sink.imports.spark import ImportTask
+        """Rows written by the session that finished the partitions `todo`; a session
+        that dies is replaced and the partitions it left undone run on the next one."""
+        from pg2sink.imports.spark import ImportTask, SparkSessionLost
 
         assert self.target is not None  # can_write()
+        failures = 0
+        while True:
+            task = ImportTask(
+                job_id=job.id,
+                plan=plan,
+                partitions=tuple(todo),
+                snapshot=snapshot,
+                source_dsn=self.src.dsn.reveal(),
+                state_dsn=self.state_dsn.reveal(),
+                internal_schema=self.src.internal_schema,
+                target=self.target,
+            )
+            try:
+                return int(self._spark_runner().run(task, advance))
+            except SparkSessionLost as e:
+                stored = jobs.load_partitions(conn, self.src.internal_schema, job.id)
+                left = [p.number for p in stored if not p.done and p.number in todo]
+                # a session that got partitions done before it died is not a failure in
+                # a row: a big import on a flaky cluster still progresses
+                failures = failures + 1 if len(left) == len(todo) else 1
+                todo = left
+                self._session_lost(job, str(e), failures, (len(left), len(stored)))
+                if not todo:
+                    return 0
 
-        task = ImportTask(
-            job_id=job.id,
-            plan=plan,
-            partitions=tuple(todo),
-            snapshot=snapshot,
-            source_dsn=self.src.dsn.reveal(),
-            state_dsn=self.state_dsn.reveal(),
-            internal_schema=self.src.internal_schema,
-            target=self.target,
+    def _session_lost(
+        self, job: jobs.Job, why: str, failures: int, left: tuple[int, int] | None
+    ) -> None:
+        """One line on a dead Spark session and what comes next; ImportFailed when it
+        was the last allowed in a row (or pg2sink stops)."""
+        self.stats.spark_sessions_lost += 1
+        limit = self.cfg.spark_session_failures
+        if failures >= limit or self.stopping:
+            raise ImportFailed(f"{why} ({failures} Spark session(s) in a row lost)")
+        where = f", {left[0]} of {left[1]} partitions left" if left is not None else ""
+        log.warning(
+            "import of %s: %s; starting a new Spark session (failure %d of %d in a row%s)",
+            job.qualified,
+            why,
+            failures,
+            limit,
+            where,
         )
-        return int(self._spark_runner().run(task, advance))
+        self.gate.note(
+            job.schema, job.table, f"its import goes on in a new Spark session after: {why}"
+        )
+        self._stopping.wait(min(float(failures), 5.0))
 
     def _spark_runner(self) -> Any:
         if self._runner is None:
@@ -424,5 +492,6 @@ class ImportEngine:
                 self.cfg.spark_master,
                 jdbc_driver=self.cfg.jdbc_driver,
                 class_cache=self.cfg.spark_class_cache,
+                driver_memory=self.cfg.spark_driver_memory,
             )
         return self._runner

@@ -102,6 +102,8 @@ Feed = Callable[[bytes | memoryview, int], int]
 #: How long hold() waits for the stream to take the stage's feed (module docstring):
 #: normally one housekeeping step (at most the flush interval while the stream is idle).
 HOLD_TIMEOUT = 60.0
+#: How often a stream held at a gate says, in a warning, why it still waits.
+HELD_WARNING_INTERVAL = 60.0
 
 
 class GateTimeoutError(RuntimeError):
@@ -111,14 +113,30 @@ class GateTimeoutError(RuntimeError):
 class GateHeld(Held):
     """The message must wait for an import to finish; nothing of it was emitted."""
 
-    def __init__(self, gate: ImportGate, table: str) -> None:
+    def __init__(self, gate: ImportGate, table: str, key: tuple[str, str]) -> None:
         super().__init__(
             f"stream paused at a change of {table} until its import is done",
             f"stream resumed after waiting for the import of {table}",
-            gate.wait,
+            self._wait,
         )
         self.gate = gate
         self.table = table
+        self.key = key
+        self.since = self._warned = time.monotonic()
+
+    def _wait(self, timeout: float) -> None:
+        """gate.wait, and every HELD_WARNING_INTERVAL a warning saying why the stream
+        still waits (never a silent stall)."""
+        self.gate.wait(timeout)
+        now = time.monotonic()
+        if now - self._warned >= HELD_WARNING_INTERVAL:
+            self._warned = now
+            log.warning(
+                "stream still paused at a change of %s after %.0fs: %s",
+                self.table,
+                now - self.since,
+                self.gate.notes.get(self.key, "its import is running"),
+            )
 
 
 @dataclass(frozen=True)
@@ -149,6 +167,8 @@ class ImportGate:
         self._bypassed = False
         #: the thread that called bind() last (the stream thread), None between sessions
         self._stream_thread: int | None = None
+        #: what a running import of a table waits for (the engine's note), if anything
+        self.notes: dict[tuple[str, str], str] = {}
 
     def stage(self, builder: ChangelogBuilder) -> GateStage:
         """The stage in front of `builder`: one per replication session, the latest one
@@ -197,6 +217,10 @@ class ImportGate:
         keyless = entry.keyless if entry is not None else False
         self._set((schema, table), _Entry(keyless, visibility, True, lsn))
 
+    def note(self, schema: str, table: str, text: str) -> None:
+        """Why the import of this table takes longer (said while the stream waits)."""
+        self.notes = {**self.notes, (schema, table): text}
+
     def finish(self, schema: str, table: str, *, retry: bool = False) -> None:
         """The import ended (done, or failed and to be retried): held changes go on.
 
@@ -204,6 +228,7 @@ class ImportGate:
         table stays gated in the "after" state, or, keyless with a retry to come, back
         in the pending state. Without a snapshot, nothing was written: it leaves."""
         key = (schema, table)
+        self.notes = {k: v for k, v in self.notes.items() if k != key}
         entry = self.gated.get(key)
         if entry is not None and entry.keyless and retry:
             self._set(key, _Entry(True, None, False))
@@ -307,11 +332,11 @@ class ImportGate:
         if not entry.holding:
             return False  # keyless, job pending: its future snapshot sees this change
         if entry.visibility is None:
-            raise GateHeld(self, table)
+            raise GateHeld(self, table, (rel.namespace, rel.name))
         if lsn >= entry.lsn or not entry.visibility.visible(xid):
             # newer than the import rows: after them
             if not entry.after:
-                raise GateHeld(self, table)
+                raise GateHeld(self, table, (rel.namespace, rel.name))
             if lsn >= entry.lsn:
                 # past the snapshot in commit order: nothing it saw can follow
                 self.release(rel.namespace, rel.name)

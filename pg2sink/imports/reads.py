@@ -6,9 +6,10 @@ prints 'true' where boolout prints 't'; bpchar loses its padding; inet shows its
 netmask): those go through format('%s', col), which calls the output function. The
 reader imports the job's exported snapshot in a REPEATABLE READ transaction
 (`sessionInitStatement`), with the stream's session settings, and fetches through a
-cursor (a fetch size) so rows stream instead of being held in memory; Spark reads the
-text as bytes (`binary_schema`). A masked column
-(--mask-column, docs/routing.md) is read through its mask's SQL around that text, so the
+cursor, so rows stream instead of being held in memory, as many rows a fetch as fit in a
+byte budget (`row_width`, `fetch_rows`: a table of 2 MB rows fetches a few at a time);
+Spark reads the text as bytes (`binary_schema`). A masked column (--mask-column,
+docs/routing.md) is read through its mask's SQL around that text, so the
 server sends only the masked form.
 """
 
@@ -24,11 +25,62 @@ from pg2sink.catalog.server import REPLICATION_SESSION_SETTINGS
 from pg2sink.imports.jdbc import connection_properties
 from pg2sink.imports.plan import ImportPlan
 
-__all__ = ["FETCH_SIZE", "binary_schema", "jdbc_reader", "text_query"]
+__all__ = ["FETCH_SIZE", "binary_schema", "fetch_rows", "jdbc_reader", "row_width", "text_query"]
 
-#: Rows the JDBC driver fetches per round trip (a cursor, not the whole result in memory).
+#: Most rows the JDBC driver fetches per round trip (a cursor, not the whole result in
+#: memory); fewer where rows are wide (fetch_rows).
 FETCH_SIZE = 20_000
 BOOL_OID = 16
+#: Types whose octet_length is the length of their text without reading a TOASTed value
+#: (toast_raw_datum_size), and how many bytes of text a stored byte makes.
+_OCTET_TYPES = {25: 1, 1043: 1, 1042: 1, 17: 2}  # text, varchar, bpchar, bytea (hex)
+#: Text bytes per stored byte of the other types (numbers print wider than they store,
+#: a compressed jsonb or array expands).
+_STORED_FACTOR = 3
+#: Rows row_width looks at.
+WIDTH_SAMPLE = 2_000
+
+
+def row_width(conn: psycopg.Connection[TupleRow], plan: ImportPlan) -> int:
+    """About the widest row's text, in bytes, among a sample of the table's rows (a
+    partition's fetches and batches are sized from it: fetch_rows). Reads the heap's
+    sample pages only, never a TOASTed value."""
+    parts = []
+    for column in plan.columns:
+        ident = sql.Identifier(column.name)
+        factor = _OCTET_TYPES.get(column.source_type_oid or column.type_oid)
+        if factor is not None:
+            parts.append(sql.SQL("coalesce(octet_length({}), 0) * {}").format(ident, factor))
+        else:
+            parts.append(
+                sql.SQL("coalesce(pg_column_size({}), 0) * {}").format(ident, _STORED_FACTOR)
+            )
+    width = sql.SQL(" + ").join(parts) if parts else sql.SQL("0")
+    table = sql.Identifier(plan.schema, plan.table)
+    percent = min(100.0, 100.0 * WIDTH_SAMPLE / max(1, plan.rows_estimated))
+    sample = (
+        sql.SQL("{} TABLESAMPLE SYSTEM ({})").format(table, sql.Literal(percent))
+        if percent < 100
+        else table
+    )
+    query = sql.SQL("SELECT max({}) FROM (SELECT * FROM {} LIMIT {}) t").format(
+        width, sample, sql.Literal(WIDTH_SAMPLE * 4)
+    )
+    try:
+        row = conn.execute(query).fetchone()
+    except psycopg.errors.FeatureNotSupported:  # a relation kind without TABLESAMPLE
+        query = sql.SQL("SELECT max({}) FROM (SELECT * FROM {} LIMIT {}) t").format(
+            width, table, sql.Literal(WIDTH_SAMPLE)
+        )
+        row = conn.execute(query).fetchone()
+    per_column = 16 * len(plan.columns)
+    return int(row[0] or 0) + per_column if row is not None else per_column
+
+
+def fetch_rows(width: int, budget: int) -> int:
+    """Rows a JDBC fetch takes so that it holds about `budget` bytes of rows `width`
+    bytes wide: between 1 and FETCH_SIZE."""
+    return max(1, min(FETCH_SIZE, budget // max(1, width)))
 
 
 def text_query(conn: psycopg.Connection[TupleRow], plan: ImportPlan, predicate: str) -> str:
@@ -91,8 +143,11 @@ def binary_schema(columns: int) -> str:
     return ", ".join(f"c{i} BINARY" for i in range(columns))
 
 
-def jdbc_reader(conn: psycopg.Connection[TupleRow], snapshot: str) -> tuple[str, dict[str, str]]:
-    """JDBC URL and connection properties of the server `conn` is connected to."""
+def jdbc_reader(
+    conn: psycopg.Connection[TupleRow], snapshot: str, fetch_size: int = FETCH_SIZE
+) -> tuple[str, dict[str, str]]:
+    """JDBC URL and connection properties of the server `conn` is connected to, rows
+    fetched `fetch_size` at a time."""
     info = conn.info
     tls = connection_properties(info)  # first: it refuses a Unix socket
     host = f"[{info.host}]" if ":" in info.host else info.host
@@ -110,7 +165,7 @@ def jdbc_reader(conn: psycopg.Connection[TupleRow], snapshot: str) -> tuple[str,
     props = {
         "driver": "org.postgresql.Driver",
         "user": info.user,
-        "fetchsize": str(FETCH_SIZE),
+        "fetchsize": str(fetch_size),
         "sessionInitStatement": init.as_string(conn),
         "ApplicationName": "pg2sink import",
     }

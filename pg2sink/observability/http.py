@@ -82,6 +82,7 @@ def stats_document(stats: StreamStats, now: float | None = None) -> dict[str, An
             "state": p.state,
             "rows_read": p.rows_read,
             "rows_estimated": p.rows_estimated,
+            "error": p.error,
         }
         for (schema, table), p in sorted(dict(s.imports).items())
     ]
@@ -151,6 +152,14 @@ def status_document(stats: StreamStats) -> tuple[bool, dict[str, Any]]:
         body["slot"] = slot_health_document(stats)
     if problems:
         body["problems"] = problems
+    # a failed import is retried (--import-backoff-*): shown, not a health problem
+    failed = {
+        f"{schema}.{table}": p.error or "failed"
+        for (schema, table), p in sorted(dict(stats.imports).items())
+        if p.state == "failed"
+    }
+    if failed:
+        body["imports_failed"] = failed
     return not problems, body
 
 

@@ -271,6 +271,12 @@ def _imports(s: StreamStats) -> Iterator[Metric]:
         "1 for the current state of a table's import (pending, running, done, failed)",
         labels=["schema", "table", "state"],
     )
+    lost = CounterMetricFamily(
+        "pg2sink_import_spark_sessions_lost",
+        "Spark sessions of imports found dead (driver JVM, py4j gateway, cluster master) "
+        "and replaced",
+    )
+    lost.add_metric([], s.spark_sessions_lost)
     for (schema, table), progress in sorted(dict(s.imports).items()):
         rows_read.add_metric([schema, table], progress.rows_read)
         if progress.rows_estimated is not None:
@@ -280,6 +286,7 @@ def _imports(s: StreamStats) -> Iterator[Metric]:
     yield rows_read
     yield estimated
     yield state
+    yield lost
 
 
 def _labelled_counter(

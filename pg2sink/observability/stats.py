@@ -170,6 +170,8 @@ class ImportProgress:
     """The planner's estimate of the table's rows (pg_class.reltuples), if known."""
     state: str = "pending"
     """One of IMPORT_STATES."""
+    error: str | None = None
+    """Why the last attempt failed (the job's error), None after a success."""
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,8 @@ class StreamStats:
         # -- imports -----------------------------------------------------------
         #: Snapshot imports by (schema, table).
         self.imports: dict[tuple[str, str], ImportProgress] = {}
+        #: Spark sessions the import engine found dead (JVM, gateway, master) and replaced.
+        self.spark_sessions_lost = 0
 
         # -- health (GET /status) ----------------------------------------------
         self.replication_connected = False

@@ -7,17 +7,10 @@ import re
 from dataclasses import dataclass
 
 from pg2sink.errors import ConfigError
-from pg2sink.options import flag, split_settings
+from pg2sink.options import flag, positive_int, split_settings
 from pg2sink.sensitive import Settings
 
 GROUP = "relay (pg2sink relay)"
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be at least 1")
-    return value
 
 
 @dataclass(frozen=True)
@@ -83,7 +76,7 @@ class RelayConfig:
         group=GROUP,
         help="most messages written to the sink between two offset commits",
         metavar="N",
-        parse=_positive,
+        parse=positive_int,
     )
 
     def check(self) -> None:

@@ -6,6 +6,10 @@ GateHeld, a pipeline.Held) each message; the builder's own state is never change
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+
 import psycopg
 import pytest
 from psycopg import sql
@@ -14,6 +18,7 @@ from psycopg.rows import TupleRow
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.changelog.builder import ChangelogBuilder
 from pg2sink.changelog.records import Modification, Record
+from pg2sink.imports import gate as gate_module
 from pg2sink.imports.gate import GateHeld, GateStage, ImportGate
 from pg2sink.imports.snapshot import Visibility, current_snapshot
 from pg2sink.pipeline import Held
@@ -85,8 +90,13 @@ def test_changes_the_snapshot_does_not_see_wait_for_the_import(db: Database) -> 
     with pytest.raises(GateHeld) as held:  # still held: nothing of it written
         stage.feed(messages[held_at][1], messages[held_at][0])
     assert len(out) == emitted
-    assert held.value.wait == gate.wait  # the loop waits on the gate: finish() wakes it
-    gate.finish("public", "t")
+    # the loop waits on the gate: finish() wakes it
+    finish = threading.Timer(0.2, gate.finish, ("public", "t"))
+    finish.start()
+    started = time.monotonic()
+    held.value.wait(60)
+    assert time.monotonic() - started < 30
+    finish.join()
     for at, data in messages[held_at:]:
         stage.feed(data, at)
     assert _ops(out)[-1] == ("UPDATE", {"id": 1, "v": "newer"})
@@ -164,3 +174,27 @@ def test_a_gated_tables_changes_bypass_the_raw_writer_until_it_leaves(db: Databa
     # the UPDATE took the slow path (it left the gate); the last INSERT the raw writer
     assert _ops(out)[-1] == ("UPDATE", {"id": 1, "v": "newer"})
     assert len(raw) == 1 and raw[0][0] == ord("I")
+
+
+def test_a_held_stream_says_why_in_one_warning_per_interval(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(gate_module, "HELD_WARNING_INTERVAL", 0.3)
+    gate = ImportGate()
+    held = GateHeld(gate, "public.t", ("public", "t"))
+    waits = 0
+    with caplog.at_level(logging.WARNING, logger="pg2sink.imports.gate"):
+        deadline = time.monotonic() + 0.4
+        while time.monotonic() < deadline:
+            held.wait(0.02)
+            waits += 1
+        gate.note("public", "t", "its import goes on in a new Spark session after: X")
+        deadline = time.monotonic() + 0.4
+        while time.monotonic() < deadline:
+            held.wait(0.02)
+            waits += 1
+    said = [r.getMessage() for r in caplog.records if "still paused" in r.getMessage()]
+    assert 2 <= len(said) <= 3 and waits > 2 * len(said), (said, waits)
+    assert said[0].endswith(": its import is running")
+    assert said[-1].endswith(": its import goes on in a new Spark session after: X")
+    assert said[0].startswith("stream still paused at a change of public.t after ")

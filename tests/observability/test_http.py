@@ -107,6 +107,7 @@ def test_stats_is_the_counters_as_json(server: Server, stats: StreamStats) -> No
             "state": "running",
             "rows_read": 10,
             "rows_estimated": 100,
+            "error": None,
         }
     ]
     assert body["healthy"] is False
