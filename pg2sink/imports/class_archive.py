@@ -27,10 +27,9 @@ archives unused for a week are removed when a new one is kept. A JVM that still 
 an archive (a different build behind the same path) starts without it and says so on
 its console (pg2sink's debug log).
 
-Measured (bench-import, 5M rows, file sink, local[*] on 2 cores, docs/benchmarks.md
-"Session 11", alternating runs): Spark's start 4.1-5.0 -> 2.6-3.0 s, the session's first
-import 10.1-11.5 -> 9.2-10.2 s; recording costs once ~4 s more at start and ~9 s at exit
-(writing ~160 MB).
+Mapping the archive roughly halves Spark's start and shortens a session's first import;
+recording it costs once, a few seconds at start and at exit (about 160 MB written).
+`make bench-import ARGS="--sink file --spark-class-cache off"` against the default shows it.
 """
 
 from __future__ import annotations

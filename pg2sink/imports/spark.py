@@ -85,7 +85,7 @@ PROGRESS_POLL = 1.0
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 #: The driver JVM's collector: the throughput one, not Java 17's default G1, whose
 #: concurrent work and write barriers an import of short-lived rows pays for (about 15%
-#: less CPU for a local import; docs/benchmarks.md). Executors on a cluster keep their own.
+#: less CPU for a local import; `make bench-import`). Executors on a cluster keep their own.
 DRIVER_GC = "-XX:+UseParallelGC"
 #: Its heap on transparent huge pages where the kernel gives them on request (Linux's
 #: `madvise` or `always` mode): a local import about 8% less CPU. Not asked for where the
@@ -95,7 +95,7 @@ THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 #: The C2 compiler takes a method at three times HotSpot's default thresholds: a
 #: session's first import otherwise spends seconds of CPU compiling methods that ran for
 #: planning or a moment, while the rows' hot loops still reach C2 within the first
-#: partition (docs/benchmarks.md).
+#: partition (`make bench-import`).
 DRIVER_JIT = (
     "-XX:Tier4InvocationThreshold=15000 -XX:Tier4CompileThreshold=20000 "
     "-XX:Tier4BackEdgeThreshold=120000"
