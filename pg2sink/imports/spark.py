@@ -180,6 +180,8 @@ class SparkSessionLost(ImportFailed):
     what died, in one line."""
 
 
+#: py4j's errors for a call that got no answer from the JVM (their type names).
+_PY4J_BROKEN = frozenset({"Py4JNetworkError", "Py4JError"})
 #: The exit code of a Spark JVM that an OutOfMemoryError ended (SparkExitCode.OOM).
 SPARK_EXIT_OOM = 52
 #: Texts of errors that mean the session is lost, and what to say about them.
@@ -463,6 +465,8 @@ class SparkRunner:
                 proc.wait(30)
             except TimeoutExpired:
                 log.warning("Spark's driver JVM (pid %d) did not exit after SIGKILL", proc.pid)
+        if proc is not None and proc.stdin is not None:
+            proc.stdin.close()  # the JVM's end of life signal, of no use to a dead one
         SparkContext._gateway = None
         SparkContext._jvm = None
         SparkContext._active_spark_context = None
@@ -478,7 +482,10 @@ class SparkRunner:
         text = str(error)
         proc = getattr(SparkContext._gateway, "proc", None)
         code = proc.poll() if proc is not None else None
-        broken = isinstance(error, OSError) or type(error).__name__ == "Py4JNetworkError"
+        # py4j gives a call whose connection broke as Py4JNetworkError, or, once it
+        # logged that, as a bare Py4JError ("An error occurred while calling o50.conf");
+        # a Py4JJavaError is an answer from a live JVM
+        broken = isinstance(error, OSError) or type(error).__name__ in _PY4J_BROKEN
         if proc is not None and code is None and broken:
             # a broken gateway a moment before the kernel reaps the JVM: say that it
             # died rather than that its socket broke
@@ -728,12 +735,14 @@ _TRACE_LINE = re.compile(rb"^\s+(at |\.\.\. \d+ (more|common frames)|File \")|^C
 
 
 def _log_console(stream: IO[bytes]) -> None:
-    """Spark's JVM console output, a line at a time, into pg2sink's log (a thread)."""
-    for raw in stream:
-        line = raw.rstrip().decode(errors="replace")
-        if line:
-            problem = _CONSOLE_PROBLEM.search(raw) and not _TRACE_LINE.match(raw)
-            log.log(logging.WARNING if problem else logging.DEBUG, "spark: %s", line)
+    """Spark's JVM console output, a line at a time, into pg2sink's log (a thread); the
+    pipe closed once the JVM and its workers are gone (a lost session leaks no file)."""
+    with stream:
+        for raw in stream:
+            line = raw.rstrip().decode(errors="replace")
+            if line:
+                problem = _CONSOLE_PROBLEM.search(raw) and not _TRACE_LINE.match(raw)
+                log.log(logging.WARNING if problem else logging.DEBUG, "spark: %s", line)
 
 
 class _Watchdog:
