@@ -41,6 +41,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -184,6 +185,8 @@ class SparkSessionLost(ImportFailed):
 _PY4J_BROKEN = frozenset({"Py4JNetworkError", "Py4JError"})
 #: The exit code of a Spark JVM that an OutOfMemoryError ended (SparkExitCode.OOM).
 SPARK_EXIT_OOM = 52
+#: Seconds a JVM whose session is lost gets to exit, so that its exit code says why.
+EXIT_WAIT = 10.0
 #: Texts of errors that mean the session is lost, and what to say about them.
 _LOST_MARKERS = (
     ("Answer from Java side is empty", "the py4j gateway to Spark's driver JVM broke"),
@@ -451,7 +454,9 @@ class SparkRunner:
         proc = getattr(gateway, "proc", None)
         if spark is not None and proc is not None and proc.poll() is None:
             try:
-                spark.stop()
+                with warnings.catch_warnings():  # pyspark warns of a JVM that is dying
+                    warnings.simplefilter("ignore")
+                    spark.stop()
             except Exception as e:  # a broken gateway: the JVM is killed below
                 log.debug("stopping the Spark session: %s", type(e).__name__)
         if gateway is not None:
@@ -486,11 +491,13 @@ class SparkRunner:
         # logged that, as a bare Py4JError ("An error occurred while calling o50.conf");
         # a Py4JJavaError is an answer from a live JVM
         broken = isinstance(error, OSError) or type(error).__name__ in _PY4J_BROKEN
-        if proc is not None and code is None and broken:
-            # a broken gateway a moment before the kernel reaps the JVM: say that it
-            # died rather than that its socket broke
+        marked = any(marker in text for marker, _ in _LOST_MARKERS)
+        if proc is not None and code is None and (broken or marked):
+            # a broken gateway or a stopped context a moment before the JVM exits (after
+            # an OutOfMemoryError Spark stops the context, then exits with 52): say what
+            # ended it rather than what broke on the way
             try:
-                code = proc.wait(2)
+                code = proc.wait(EXIT_WAIT)
             except TimeoutExpired:
                 code = None
         if "OutOfMemoryError" in text or code == SPARK_EXIT_OOM:

@@ -7,7 +7,9 @@ as string columns, to the sink's import
 target (sinks/base.py `ImportTarget`; the file sink's in sinks/file/imports.py, Kafka's
 in sinks/kafka/imports.py), which decodes them with the stream's codecs
 (changelog/batches.py), writes IMPORT Modifications with the sink's own encoders and
-returns once they are durable. Only then is the partition marked done in the job store.
+returns once they are durable. Only then is the partition marked done in the job store,
+and only if the JVM that fed it (and the Python daemon between) still runs: a JVM killed
+mid-partition can end its Arrow stream at a batch boundary, which reads as a clean end.
 Nothing is sent back to the driver but one (partition, rows) row.
 
 Modification fields of an import row: timestamp = the snapshot's time, sequence =
@@ -18,8 +20,10 @@ taken, xid = 0, operation IMPORT, before null.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pg2sink.changelog.batches import ImportTable
@@ -60,7 +64,12 @@ def write_partition(
     context = TaskContext.get()
     assert context is not None, "write_partition runs in a Spark task"
     number = job.partitions[context.partitionId()]
+    ancestors = _ancestors()
     rows = job.target.write_rows(job.table, (_as_text(job.table, b) for b in batches))
+    if not all(_alive(pid) for pid in ancestors):
+        # the JVM that fed this task died: the batches may have ended early (an Arrow
+        # stream cut at a batch boundary reads as a clean end), so never mark it done
+        raise SourceError(f"the Spark JVM of partition {number} died while it was read")
     with psycopg.connect(
         job.source_dsn, autocommit=True, application_name="pg2sink import"
     ) as conn:
@@ -69,6 +78,36 @@ def write_partition(
         {"partition": [number], "rows": [rows]},
         schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())]),
     )
+
+
+def _ancestors() -> list[int]:
+    """The worker's parent and grandparent: Spark's Python daemon and the JVM that
+    forked it (or the JVM itself); the ones still to be alive when the task ends."""
+    parent = os.getppid()
+    out = [parent]
+    try:
+        stat = Path(f"/proc/{parent}/stat").read_text()
+        out.append(int(stat.rsplit(")", 1)[1].split()[1]))
+    except (OSError, ValueError, IndexError):  # not Linux: the parent alone
+        pass
+    return [pid for pid in out if pid > 1]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (exists and is not a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _as_text(table: ImportTable, batch: pa.RecordBatch) -> pa.RecordBatch:

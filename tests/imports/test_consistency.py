@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -110,10 +113,12 @@ def test_200k_rows_imported_with_the_databases_values(
 class Writer(threading.Thread):
     """Random INSERT/UPDATE/DELETE on the three tables, small transactions."""
 
-    def __init__(self, dsn: str, seed: int) -> None:
+    def __init__(self, dsn: str, seed: int, pause: float = 0.0) -> None:
         super().__init__(daemon=True)
         self.dsn = dsn
         self.rng = random.Random(seed)
+        #: seconds between two transactions
+        self.pause = pause
         self.stop = threading.Event()
         self.transactions = 0
         self.error: BaseException | None = None
@@ -126,6 +131,8 @@ class Writer(threading.Thread):
                         for _ in range(self.rng.randint(1, 5)):
                             self._change(c)
                     self.transactions += 1
+                    if self.pause:
+                        self.stop.wait(self.pause)
         except BaseException as e:  # reported by the test
             self.error = e
 
@@ -197,6 +204,25 @@ def test_concurrent_writes_during_the_import_converge(
     streamed = [r for r in records if r.get("operation") in ("INSERT", "UPDATE", "DELETE")]
     assert streamed, "the writer's changes were streamed"
     _check_converged(records, conn)
+
+
+@contextlib.contextmanager
+def busy_core() -> Iterator[None]:
+    """A busy loop on one core (a process of its own) while the block runs: imports must
+    converge on a machine that has other work, not only on a quiet one (issue 32)."""
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        burner.kill()
+        burner.wait()
+
+
+def test_concurrent_writes_converge_with_a_core_kept_busy(
+    db: Database, pg2sink_proc: Callable[..., Pg2Sink], tmp_path: Path
+) -> None:
+    with busy_core():
+        test_concurrent_writes_during_the_import_converge(db, pg2sink_proc, tmp_path)
 
 
 def test_a_transaction_in_flight_when_its_table_joins_is_not_lost(
