@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from tests.conftest import Database
 from tests.sinks.warehouse_support import duck_query
@@ -44,6 +45,8 @@ CREATE = (
 )
 #: the columns in the order every reader returns them
 COLUMNS = ("id", "n", "tags", "doc", "note", "big")
+#: COLUMNS as a SELECT list of DuckDB and BigQuery (jsonb: its text, parsed by _doc)
+SELECT_LIST = ", ".join(COLUMNS)
 
 #: a row as compared: (id, n, tags, doc parsed, note, big)
 Row = tuple[Any, ...]
@@ -153,7 +156,11 @@ def _doc(value: Any) -> Any:
 def table_rows(conn: psycopg.Connection[Any], empty_arrays: bool = False) -> list[Row]:
     """`t` in id order; with `empty_arrays`, a NULL array as [] (BigQuery has no NULL
     array, docs/sinks/bigquery.md "Types")."""
-    rows = conn.execute("SELECT id, n, tags, doc, note, big FROM t ORDER BY id").fetchall()
+    rows = conn.execute(
+        sql.SQL("SELECT {} FROM t ORDER BY id").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in COLUMNS)
+        )
+    ).fetchall()
     out = []
     for id_, n, tags, doc, note, big in rows:
         out.append((id_, n, [] if empty_arrays and tags is None else tags, doc, note, big))
@@ -162,9 +169,7 @@ def table_rows(conn: psycopg.Connection[Any], empty_arrays: bool = False) -> lis
 
 def duckdb_rows(path: Path) -> list[Row]:
     """The DuckDB sink's latest-state view of `t`, in id order."""
-    return parse_doc(
-        duck_query(path, "SELECT id, n, tags, doc, note, big FROM public_t ORDER BY id")
-    )
+    return parse_doc(duck_query(path, f"SELECT {SELECT_LIST} FROM public_t ORDER BY id"))
 
 
 def replay(records: list[dict[str, Any]]) -> list[Row]:

@@ -36,6 +36,7 @@ from tests.imports.support import (
 )
 from tests.sinks.convergence_support import (
     ROWS,
+    SELECT_LIST,
     LoadWriter,
     Row,
     cpu_load,
@@ -89,7 +90,6 @@ class Sink:
     def __init__(self, name: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
         self.name = name
         self.path = tmp_path / "out"
-        self.request = request
         prefix = request.getfixturevalue("topic_prefix")
         if name == "file":
             self.args = ["--file-path", str(self.path)]
@@ -124,7 +124,9 @@ class Sink:
         if self.name == "duckdb":
             return duckdb_rows(self.path)
         return parse_doc(
-            bq_rows(self.endpoint, f"SELECT {_COLUMNS} FROM `{self.dataset}.public_t` ORDER BY id")
+            bq_rows(
+                self.endpoint, f"SELECT {SELECT_LIST} FROM `{self.dataset}.public_t` ORDER BY id"
+            )
         )
 
     def twice(self) -> tuple[list[Any], list[Any]]:
@@ -162,9 +164,6 @@ class Sink:
 
     def _messages(self) -> list[Any]:
         return read_committed(self.bootstrap, [self.topic])
-
-
-_COLUMNS = "id, n, tags, doc, note, big"  # jsonb is a STRING column (its text)
 
 
 @pytest.mark.timeout(400)
