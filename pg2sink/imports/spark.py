@@ -100,6 +100,11 @@ DRIVER_JIT = (
     "-XX:Tier4InvocationThreshold=15000 -XX:Tier4CompileThreshold=20000 "
     "-XX:Tier4BackEdgeThreshold=120000"
 )
+#: An OutOfMemoryError in any of the driver's threads ends the JVM at once (exit code 3):
+#: otherwise a heap that is nearly full can keep it collecting garbage for minutes
+#: ("GC overhead limit exceeded" in a heartbeat thread) while the import stalls, where a
+#: JVM that exits is found lost and replaced.
+DRIVER_OOM = "-XX:+ExitOnOutOfMemoryError"
 #: The driver's heap without --spark-driver-memory: this share of the machine's memory
 #: (or of the cgroup's limit), within the bounds below. Spark's own default (1g) is what
 #: a local import of 200 KB rows ran out of on a busy machine.
@@ -124,8 +129,13 @@ NO_EXECUTORS_AFTER = 90.0
 
 def driver_java_options() -> str:
     """spark.driver.extraJavaOptions: the log configuration, the collector, the C2
-    thresholds, huge pages."""
-    options = [f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}", DRIVER_GC, DRIVER_JIT]
+    thresholds, the exit on OutOfMemoryError, huge pages."""
+    options = [
+        f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}",
+        DRIVER_GC,
+        DRIVER_JIT,
+        DRIVER_OOM,
+    ]
     try:
         huge_pages = "[never]" not in THP_SETTING.read_text()
     except OSError:  # not Linux, or no THP support
@@ -183,8 +193,9 @@ class SparkSessionLost(ImportFailed):
 
 #: py4j's errors for a call that got no answer from the JVM (their type names).
 _PY4J_BROKEN = frozenset({"Py4JNetworkError", "Py4JError"})
-#: The exit code of a Spark JVM that an OutOfMemoryError ended (SparkExitCode.OOM).
-SPARK_EXIT_OOM = 52
+#: Exit codes of a JVM that an OutOfMemoryError ended: Spark's (SparkExitCode.OOM) and
+#: HotSpot's under -XX:+ExitOnOutOfMemoryError (DRIVER_OOM).
+OOM_EXIT_CODES = (52, 3)
 #: Seconds a JVM whose session is lost gets to exit, so that its exit code says why.
 EXIT_WAIT = 10.0
 #: Texts of errors that mean the session is lost, and what to say about them.
@@ -500,7 +511,7 @@ class SparkRunner:
                 code = proc.wait(EXIT_WAIT)
             except TimeoutExpired:
                 code = None
-        if "OutOfMemoryError" in text or code == SPARK_EXIT_OOM:
+        if "OutOfMemoryError" in text or code in OOM_EXIT_CODES:
             if _is_local(self.master):
                 return (
                     f"Spark's driver JVM ran out of memory (heap {self.driver_memory}): "

@@ -7,6 +7,7 @@ GateHeld, a pipeline.Held) each message; the builder's own state is never change
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import psycopg
@@ -89,8 +90,13 @@ def test_changes_the_snapshot_does_not_see_wait_for_the_import(db: Database) -> 
     with pytest.raises(GateHeld) as held:  # still held: nothing of it written
         stage.feed(messages[held_at][1], messages[held_at][0])
     assert len(out) == emitted
-    assert held.value.wait == gate.wait  # the loop waits on the gate: finish() wakes it
-    gate.finish("public", "t")
+    # the loop waits on the gate: finish() wakes it
+    finish = threading.Timer(0.2, gate.finish, ("public", "t"))
+    finish.start()
+    started = time.monotonic()
+    held.value.wait(60)
+    assert time.monotonic() - started < 30
+    finish.join()
     for at, data in messages[held_at:]:
         stage.feed(data, at)
     assert _ops(out)[-1] == ("UPDATE", {"id": 1, "v": "newer"})

@@ -32,6 +32,7 @@ from pg2sink.imports.spark import (
     THP_SETTING,
     ImportTask,
     SparkRunner,
+    memory_bytes,
     target_partitions,
 )
 from pg2sink.sinks.file.imports import FileImportTarget
@@ -451,6 +452,10 @@ def test_the_driver_jvm_options_reach_the_jvm(runner: SparkRunner) -> None:
     for option in DRIVER_JIT.split():
         name, value = option.removeprefix("-XX:").split("=")
         assert hotspot.getVMOption(name).getValue() == value, name
+    # an OutOfMemoryError ends it (DRIVER_OOM); its heap is the runner's driver_memory
+    assert hotspot.getVMOption("ExitOnOutOfMemoryError").getValue() == "true"
+    heap = jvm.java.lang.Runtime.getRuntime().maxMemory()
+    assert 0.8 <= heap / memory_bytes(runner.driver_memory) <= 1.0, (heap, runner.driver_memory)
 
 
 def test_partitions_follow_the_cores_of_a_local_master(monkeypatch: pytest.MonkeyPatch) -> None:
