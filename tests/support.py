@@ -7,8 +7,11 @@ holds the small functions several test modules would otherwise each write again.
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -17,7 +20,7 @@ import psycopg
 import services
 from psycopg.rows import TupleRow
 
-from tests.conftest import Pg2Sink, read_jsonl
+from tests.conftest import Database, Pg2Sink, read_jsonl
 
 #: The `pg2sink_proc` fixture: a pg2sink process factory.
 Proc = Callable[..., Pg2Sink]
@@ -70,3 +73,31 @@ def own_server(kind: Callable[..., _S], name: str) -> Iterator[_S]:
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+class RandomWriter(threading.Thread):
+    """Random transactions of a few `_statement()`s each until stopped."""
+
+    def __init__(self, db: Database, seed: int, most: int = 6, pause: float = 0.002) -> None:
+        super().__init__(daemon=True)
+        self.conn = db.connect()
+        self.rng = random.Random(seed)
+        self.most = most
+        self.pause = pause
+        self.stopped = threading.Event()
+        self.transactions = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.is_set():
+                with self.conn.transaction():
+                    for _ in range(self.rng.randint(1, self.most)):
+                        self._statement()
+                self.transactions += 1
+                time.sleep(self.pause)
+        except BaseException as e:  # reported by the test
+            self.error = e
+
+    def _statement(self) -> None:
+        raise NotImplementedError

@@ -191,6 +191,8 @@ class SparkSessionLost(ImportFailed):
     what died, in one line."""
 
 
+#: py4j's errors for a call that got no answer from the JVM (their type names).
+_PY4J_BROKEN = frozenset({"Py4JNetworkError", "Py4JError"})
 #: Exit codes of a JVM that an OutOfMemoryError ended: Spark's (SparkExitCode.OOM) and
 #: HotSpot's under -XX:+ExitOnOutOfMemoryError (DRIVER_OOM).
 OOM_EXIT_CODES = (52, 3)
@@ -487,6 +489,8 @@ class SparkRunner:
                 proc.wait(30)
             except TimeoutExpired:
                 log.warning("Spark's driver JVM (pid %d) did not exit after SIGKILL", proc.pid)
+        if proc is not None and proc.stdin is not None:
+            proc.stdin.close()  # the JVM's end of life signal, of no use to a dead one
         SparkContext._gateway = None
         SparkContext._jvm = None
         SparkContext._active_spark_context = None
@@ -502,7 +506,10 @@ class SparkRunner:
         text = str(error)
         proc = getattr(SparkContext._gateway, "proc", None)
         code = proc.poll() if proc is not None else None
-        broken = isinstance(error, OSError) or type(error).__name__ == "Py4JNetworkError"
+        # py4j gives a call whose connection broke as Py4JNetworkError, or, once it
+        # logged that, as a bare Py4JError ("An error occurred while calling o50.conf");
+        # a Py4JJavaError is an answer from a live JVM
+        broken = isinstance(error, OSError) or type(error).__name__ in _PY4J_BROKEN
         marked = any(marker in text for marker, _ in _LOST_MARKERS)
         if proc is not None and code is None and (broken or marked):
             # a broken gateway or a stopped context a moment before the JVM exits (after
@@ -754,12 +761,14 @@ _TRACE_LINE = re.compile(rb"^\s+(at |\.\.\. \d+ (more|common frames)|File \")|^C
 
 
 def _log_console(stream: IO[bytes]) -> None:
-    """Spark's JVM console output, a line at a time, into pg2sink's log (a thread)."""
-    for raw in stream:
-        line = raw.rstrip().decode(errors="replace")
-        if line:
-            problem = _CONSOLE_PROBLEM.search(raw) and not _TRACE_LINE.match(raw)
-            log.log(logging.WARNING if problem else logging.DEBUG, "spark: %s", line)
+    """Spark's JVM console output, a line at a time, into pg2sink's log (a thread); the
+    pipe closed once the JVM and its workers are gone (a lost session leaks no file)."""
+    with stream:
+        for raw in stream:
+            line = raw.rstrip().decode(errors="replace")
+            if line:
+                problem = _CONSOLE_PROBLEM.search(raw) and not _TRACE_LINE.match(raw)
+                log.log(logging.WARNING if problem else logging.DEBUG, "spark: %s", line)
 
 
 class _Watchdog:

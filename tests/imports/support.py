@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from tests.conftest import Database, Pg2Sink, wait_for
+from tests.conftest import Database, Pg2Sink, descendants, wait_for
 
 #: the environment that turns imports on (tests/conftest.py clean_env() turns them off)
 IMPORTS_ON = {"PG2SINK_NO_IMPORTS": "0"}
@@ -73,6 +73,19 @@ def wait_imported(db: Database, tables: set[str], proc: Pg2Sink, timeout: float 
         return all(states.get(t) == "done" for t in tables)
 
     wait_for(done, timeout, f"imports of {sorted(tables)}")
+
+
+def driver_jvm(proc: Pg2Sink) -> int | None:
+    """The pid of the Spark driver JVM pg2sink started (SparkSubmit), None if none."""
+    assert proc.proc is not None
+    for pid in descendants(proc.proc.pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"java" in cmdline and b"org.apache.spark.deploy.SparkSubmit" in cmdline:
+            return pid
+    return None
 
 
 def wait_confirmed(db: Database, proc: Pg2Sink, timeout: float = 60) -> None:

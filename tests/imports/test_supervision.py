@@ -22,9 +22,10 @@ import psycopg
 import pytest
 import services
 
-from tests.conftest import Database, Pg2Sink, descendants, run_cli, wait_for
+from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports import test_consistency as consistency
 from tests.imports.support import (
+    driver_jvm,
     jobs_state,
     read_changelog,
     start_with_imports,
@@ -36,19 +37,6 @@ from tests.imports.test_cluster import on_cluster
 pytestmark = pytest.mark.slow
 
 TABLES = {"public.single", "public.composite", "public.nokey"}
-
-
-def driver_jvm(proc: Pg2Sink) -> int | None:
-    """The pid of the Spark driver JVM pg2sink started (SparkSubmit), None if none."""
-    assert proc.proc is not None
-    for pid in descendants(proc.proc.pid):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"java" in cmdline and b"org.apache.spark.deploy.SparkSubmit" in cmdline:
-            return pid
-    return None
 
 
 def partitions_done(db: Database, table: str) -> tuple[int, int]:

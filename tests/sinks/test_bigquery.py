@@ -26,18 +26,13 @@ from google.api_core import exceptions as google_errors
 
 from pg2sink.errors import SinkUnavailableError
 from pg2sink.sinks.bigquery.api import request_error
-from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.rows import state_rows
 from pg2sink.sinks.bigquery.warehouse import STATE_TABLE, Warehouse, client
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.support import wait_imported
-from tests.sinks.test_duckdb import BIG, caught_up, create_workload_tables, normal, run_workload
+from tests.sinks.test_duckdb import BIG, caught_up, create_workload_tables, run_workload
+from tests.sinks.warehouse_support import PROJECT, UNSPACED, bq_rows, config, normal
 from tests.support import FAST, Proc
-
-PROJECT = "pg2sink-tests"
-#: tests load each batch as it comes (test_batches_are_spaced_by_the_load_interval
-#: keeps the default's spacing)
-UNSPACED = ("--bigquery-load-interval", "0s")
 
 
 @pytest.fixture
@@ -52,12 +47,6 @@ def conn(db: Database) -> psycopg.Connection[Any]:
     return c
 
 
-def config(endpoint: str, dataset: str) -> BigQueryConfig:
-    return BigQueryConfig(
-        bigquery_project=PROJECT, bigquery_dataset=dataset, bigquery_endpoint=endpoint
-    )
-
-
 def start(proc: Proc, endpoint: str, dataset: str, load_interval: str = "0s") -> Pg2Sink:
     p = proc(
         "--sink", "bigquery", "--bigquery-project", PROJECT, "--bigquery-dataset", dataset,
@@ -65,14 +54,6 @@ def start(proc: Proc, endpoint: str, dataset: str, load_interval: str = "0s") ->
     ).start()  # fmt: skip
     p.wait_streaming(60)
     return p
-
-
-def bq_rows(endpoint: str, query: str) -> list[tuple[Any, ...]]:
-    bq = client(config(endpoint, "unused"))
-    try:
-        return [tuple(normal(v) for v in row.values()) for row in bq.query(query).result()]
-    finally:
-        bq.close()  # type: ignore[no-untyped-call]
 
 
 def pg_rows(

@@ -30,10 +30,11 @@ from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.sink import BigQuerySink
 from pg2sink.sinks.bigquery.warehouse import Warehouse
 from tests.conftest import Database, Pg2Sink, wait_for
-from tests.sinks.test_bigquery import PROJECT, UNSPACED, bq_rows, pg_rows
+from tests.sinks.test_bigquery import pg_rows
 from tests.sinks.test_duckdb import caught_up
 from tests.sinks.test_kafka_health import api_url, status
 from tests.sinks.test_nats import change, table_schema
+from tests.sinks.warehouse_support import PROJECT, UNSPACED, bq_rows
 from tests.support import FAST, Proc, own_server
 
 #: How long BigQuery stays away, in seconds (the 30 s of the other sinks' outage tests).

@@ -25,9 +25,9 @@ from psycopg import sql
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.warehouse import client
 from tests.conftest import fresh_database, pg2sink_for
-from tests.sinks.test_bigquery import UNSPACED
 from tests.sinks.test_duckdb import caught_up
 from tests.sinks.test_duckdb_types import _value
+from tests.sinks.warehouse_support import UNSPACED
 from tests.support import FAST
 from tests.test_type_fidelity import (
     CASES,

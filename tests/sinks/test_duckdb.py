@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import random
 import signal
-import threading
 import time
-import uuid
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -26,7 +24,8 @@ import pytest
 
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.support import wait_imported
-from tests.support import FAST, Proc
+from tests.sinks.warehouse_support import duck_query, normal
+from tests.support import FAST, Proc, RandomWriter
 
 
 def start(proc: Proc, path: Path, *extra: str, env: dict[str, str] | None = None) -> Pg2Sink:
@@ -42,17 +41,6 @@ def caught_up(db: Database, timeout: float = 60.0) -> None:
     wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= target, timeout, "pg2sink to catch up")
 
 
-def normal(value: Any) -> Any:
-    """A value as both databases' Python drivers can agree on it."""
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, memoryview):
-        return bytes(value)
-    if isinstance(value, list):
-        return [normal(v) for v in value]
-    return value
-
-
 def pg_rows(conn: psycopg.Connection[Any], table: str, order: str) -> list[tuple[Any, ...]]:
     rows = conn.execute(f"SELECT * FROM {table} ORDER BY {order}").fetchall()
     return [tuple(normal(v) for v in row) for row in rows]
@@ -63,12 +51,6 @@ def duck_rows(path: Path, view: str, order: str) -> list[tuple[Any, ...]]:
         con.execute("SET TimeZone = 'UTC'")
         rows = con.execute(f"SELECT * FROM {view} ORDER BY {order}").fetchall()
     return [tuple(normal(v) for v in row) for row in rows]
-
-
-def duck_query(path: Path, query: str) -> list[tuple[Any, ...]]:
-    with duckdb.connect(str(path), read_only=True) as con:
-        con.execute("SET TimeZone = 'UTC'")
-        return con.execute(query).fetchall()
 
 
 @pytest.fixture
@@ -259,34 +241,6 @@ def test_a_type_change_duckdb_cannot_apply_stops_the_stream(
 
 
 # --- kill -9: exactly once ---------------------------------------------------------------
-
-
-class RandomWriter(threading.Thread):
-    """Random transactions of a few `_statement()`s each until stopped."""
-
-    def __init__(self, db: Database, seed: int, most: int = 6, pause: float = 0.002) -> None:
-        super().__init__(daemon=True)
-        self.conn = db.connect()
-        self.rng = random.Random(seed)
-        self.most = most
-        self.pause = pause
-        self.stopped = threading.Event()
-        self.transactions = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while not self.stopped.is_set():
-                with self.conn.transaction():
-                    for _ in range(self.rng.randint(1, self.most)):
-                        self._statement()
-                self.transactions += 1
-                time.sleep(self.pause)
-        except BaseException as e:  # reported by the test
-            self.error = e
-
-    def _statement(self) -> None:
-        raise NotImplementedError
 
 
 class Writer(RandomWriter):

@@ -26,8 +26,6 @@ from typing import Any
 import confluent_kafka as ck
 import pytest
 import services
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -50,6 +48,7 @@ from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
 from pg2sink.subscription.handlers import ChangelogHandler
 from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for
 from tests.conftest import run_cli as conftest_run_cli
+from tests.sinks.kafka_support import as_bytes, create_topic, message_headers
 from tests.support import FAST, Proc
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
@@ -311,8 +310,8 @@ class Reader:
         if position in self._positions:
             return  # read again after a rebalance (offsets are never committed)
         self._positions.add(position)
-        key = _as_bytes(msg.key())
-        value = _as_bytes(msg.value())
+        key = as_bytes(msg.key())
+        value = as_bytes(msg.value())
         self.messages.append(
             Received(
                 topic=topic,
@@ -322,7 +321,7 @@ class Reader:
                 raw_value=value,
                 key=self._decode(key, topic, MessageField.KEY),
                 value=self._decode(value, topic, MessageField.VALUE),
-                headers=_headers(msg.headers()),
+                headers=message_headers(msg.headers()),
             )
         )
 
@@ -330,15 +329,6 @@ class Reader:
         self.consumer.close()
         if self.registry is not None:
             self.registry.close()
-
-
-def _as_bytes(data: str | bytes | None) -> bytes | None:
-    return data.encode() if isinstance(data, str) else data
-
-
-def _headers(raw: Any) -> dict[str, str]:
-    items = raw.items() if isinstance(raw, dict) else raw or []
-    return {k: (_as_bytes(v) or b"").decode() for k, v in items}
 
 
 class _Quiet:
@@ -402,13 +392,6 @@ def delete_subject(stack: KafkaStack, subject: str) -> None:
     req = urllib.request.Request(f"{stack.registry_url}/subjects/{subject}", method="DELETE")
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.status == 200
-
-
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[
-        topic
-    ].result(30)
 
 
 @pytest.mark.slow

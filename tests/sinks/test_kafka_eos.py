@@ -22,11 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import confluent_kafka as ck
 import psycopg
 import pytest
 import services
-from confluent_kafka import TopicPartition
 from psycopg import sql
 
 from pg2sink.errors import SinkError
@@ -36,9 +34,8 @@ from pg2sink.sinks.kafka.make import kafka_sink
 from pg2sink.sinks.kafka.transactional import ExactlyOnceKafkaSink
 from tests.conftest import REPO, Database, KafkaStack, Pg2Sink, pg2sink_for, wait_for
 from tests.routing.test_docs import _BLOCK
+from tests.sinks.kafka_support import Committed, create_topic, read_committed
 from tests.sinks.test_kafka import (
-    _headers,
-    create_topic,
     insert,
     kafka_args,
     own_kafka,  # noqa: F401 (a fixture)
@@ -54,71 +51,6 @@ TABLES = ("a", "b", "c")
 
 
 # --- reading what a read_committed consumer sees --------------------------------------
-
-
-@dataclass
-class Committed:
-    """One message a read_committed consumer got."""
-
-    topic: str
-    partition: int
-    key: Any
-    value: Any
-    headers: dict[str, str]
-
-
-def _key(raw: str | bytes | None) -> Any:
-    """A JSON key decoded, the offsets topic's plain text one as text."""
-    data = raw.encode() if isinstance(raw, str) else raw
-    if data is None:
-        return None
-    return json.loads(data) if data.startswith(b"{") else data.decode()
-
-
-def read_committed(bootstrap: str, topics: list[str]) -> list[Committed]:
-    """Every message of `topics` a read_committed consumer sees, to each partition's end
-    (its high watermark when the reading started), in partition order."""
-    consumer = ck.Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "unused",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        ends: dict[tuple[str, int], int] = {}
-        for topic in topics:
-            meta = consumer.list_topics(topic, timeout=10).topics[topic]
-            for p in meta.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), 10)
-                if high > low:
-                    ends[(topic, p)] = high
-        consumer.assign([TopicPartition(t, p, ck.OFFSET_BEGINNING) for t, p in ends])
-        out: list[Committed] = []
-        deadline = time.monotonic() + 60
-        while ends:
-            assert time.monotonic() < deadline, f"partitions not read to their end: {ends}"
-            msg = consumer.poll(0.2)
-            if msg is not None and msg.error() is None:
-                name = msg.topic()
-                assert name is not None
-                raw = msg.value()
-                out.append(
-                    Committed(
-                        name,
-                        msg.partition() or 0,
-                        _key(msg.key()),
-                        json.loads(raw) if raw else None,
-                        _headers(msg.headers()),
-                    )
-                )
-            for tp in consumer.position([TopicPartition(t, p) for t, p in ends]):
-                if tp.offset >= ends[(tp.topic, tp.partition)]:
-                    del ends[(tp.topic, tp.partition)]
-        return out
-    finally:
-        consumer.close()
 
 
 # --- the sink on its own ---------------------------------------------------------------

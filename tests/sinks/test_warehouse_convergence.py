@@ -43,9 +43,9 @@ from psycopg import sql
 
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.support import IMPORTS_ON, jobs_state
-from tests.sinks.test_bigquery import UNSPACED
 from tests.sinks.test_duckdb import BIG, caught_up
 from tests.sinks.test_duckdb_types import _value
+from tests.sinks.warehouse_support import PROJECT, UNSPACED
 from tests.support import FAST, Proc
 from tests.test_type_fidelity import (
     SETUP,
@@ -64,7 +64,6 @@ PAUSE = 0.04
 #: the import is requested after this many of the writer's transactions
 IMPORT_AT = 40
 KEYS = 40
-PROJECT = "pg2sink-tests"
 
 #: columns added on the way: name, type, DEFAULT (None: no default), a value for updates
 ADDED: list[tuple[str, str, str | None, Callable[[random.Random], Any]]] = [
