@@ -84,10 +84,11 @@ from psycopg import sql
 
 from pg2sink.config import SecretDsn
 from pg2sink.imports import jobs
+from pg2sink.imports.driver import target_partitions
 from pg2sink.imports.migrate import apply_migrations
 from pg2sink.imports.plan import plan_import
 from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot
-from pg2sink.imports.spark import ImportTask, SparkRunner, target_partitions
+from pg2sink.imports.spark import ImportTask, SparkRunner
 from pg2sink.sinks.base import ImportTarget
 from pg2sink.sinks.file.imports import FileImportTarget
 from pg2sink.sinks.kafka.config import KafkaConfig

@@ -505,8 +505,9 @@ def snapshot(
     """COPY, pg2sink's import into Kafka, Debezium's initial snapshot of `--rows` rows;
     (results, Spark's start-up seconds)."""
     from pg2sink.config import SecretDsn
+    from pg2sink.imports.driver import target_partitions
     from pg2sink.imports.migrate import apply_migrations
-    from pg2sink.imports.spark import SparkRunner, target_partitions
+    from pg2sink.imports.spark import SparkRunner
     from pg2sink.sinks.kafka.config import KafkaConfig
     from pg2sink.sinks.kafka.imports import KafkaImportTarget
 

@@ -296,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             relay_command.run(args)
             return 0
         if args.command == "drop":
-            from pg2sink.service import run_drop
+            from pg2sink.drop import run_drop
 
             for line in run_drop(_source_config(args)):
                 print(line)

@@ -1,4 +1,4 @@
-"""Wiring of `pg2sink stream` and `pg2sink drop`: connections, checks, retries.
+"""Wiring of `pg2sink stream`: connections, checks, retries.
 
 One streaming session = catalog connection + server checks + publication
 reconcile + slot + replication connection + the replication loop. A session
@@ -29,7 +29,7 @@ from pg2sink.catalog.standby import (
     wait_for_replay,
     warn_without_feedback,
 )
-from pg2sink.config import SourceConfig, StreamConfig
+from pg2sink.config import StreamConfig
 from pg2sink.errors import (
     ConfigError,
     ConnectError,
@@ -72,7 +72,6 @@ from pg2sink.subscription.reconnect import Reconnect
 from pg2sink.subscription.slot import (
     check_failover_server,
     check_not_conflicting,
-    drop_slot,
     enable_failover,
     ensure_slot,
     standby_nudge,
@@ -473,41 +472,3 @@ def _server_lost(e: psycopg.Error) -> bool:
 
 def run_stream(cfg: StreamConfig) -> None:
     StreamService(cfg).run()
-
-
-def run_drop(src: SourceConfig) -> list[str]:
-    """Drop the slot and the publication; returns what was done, line by line."""
-    conn = connect(src.dsn)
-    primary = conn
-    done: list[str] = []
-    try:
-        if drop_slot(conn, src.slot):
-            done.append(f"dropped replication slot {src.slot}")
-        else:
-            done.append(f"replication slot {src.slot} did not exist")
-        writer = src.dsn
-        if in_recovery(conn):  # the slot was the standby's; the rest is the primary's
-            primary = connect_primary(conn, src.primary, src.publication, src.internal_schema)
-            writer = src.primary or src.dsn
-        manager = PublicationManager(
-            primary,
-            src.publication,
-            src.schemas,
-            TableFilter(),
-            src.internal_schema,
-            mode=src.publication_mode,
-        )
-        kept = manager.kept()
-        if kept is not None:
-            done.append(kept)
-        elif manager.drop():
-            done.append(f"dropped publication {src.publication}")
-        else:
-            done.append(f"publication {src.publication} did not exist")
-        if set_capture_ddl(writer, src.internal_schema, src.slot, src.publication, False):
-            done.append("dropped the --capture-ddl event trigger")
-    finally:
-        if primary is not conn:
-            primary.close()
-        conn.close()
-    return done

@@ -371,8 +371,8 @@ class ImportEngine:
     ) -> tuple[Any, list[int]]:
         """The job's plan at the snapshot, with the partitions stored at its first
         planning (on `conn`, where the jobs are), and the numbers of those not done yet."""
+        from pg2sink.imports.driver import target_partitions
         from pg2sink.imports.plan import plan_import
-        from pg2sink.imports.spark import target_partitions
 
         internal = self.src.internal_schema
         planner = connect(self.src.dsn, application_name="pg2sink import plan")

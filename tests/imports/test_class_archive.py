@@ -27,7 +27,7 @@ from pg2sink.imports.class_archive import (
     archive_key,
     is_archive,
 )
-from pg2sink.imports.spark import default_jdbc_driver
+from pg2sink.imports.driver import default_jdbc_driver
 from tests.conftest import Database
 
 

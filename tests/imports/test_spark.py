@@ -23,18 +23,17 @@ from pg2sink.changelog.jsonenc import loads
 from pg2sink.config import SecretDsn
 from pg2sink.errors import ConfigError, ImportFailed
 from pg2sink.imports import jobs
-from pg2sink.imports.migrate import apply_migrations
-from pg2sink.imports.plan import ImportPlan, plan_import
-from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot
-from pg2sink.imports.spark import (
+from pg2sink.imports.driver import (
     CLUSTER_PARTITIONS,
     DRIVER_JIT,
     THP_SETTING,
-    ImportTask,
-    SparkRunner,
     memory_bytes,
     target_partitions,
 )
+from pg2sink.imports.migrate import apply_migrations
+from pg2sink.imports.plan import ImportPlan, plan_import
+from pg2sink.imports.snapshot import ExportedSnapshot, use_snapshot
+from pg2sink.imports.spark import ImportTask, SparkRunner
 from pg2sink.sinks.file.imports import FileImportTarget
 from tests.conftest import Database
 
