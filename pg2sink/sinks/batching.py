@@ -12,17 +12,18 @@ returned, so PostgreSQL is never told of a change the sink does not hold. A comm
 SinkError fails the sink: every later call raises it.
 
 Outages: a commit that raises SinkUnavailableError (its server unreachable, or answering
-5xx) is called again with the same records and LSN, after 1 s, 2 s, 4 s ... up to
-RETRY_MAX_WAIT, for as long as the outage lasts: the sink must load nothing twice when
-called again (BigQuery: the batch's deterministic job ids). One WARNING when an outage
-starts, one INFO when the commit goes through. Meanwhile the stream goes on: `flush()`
-does not wait for the retried commit (it returns what is acknowledged), nothing new is
-acknowledged, and a batch grown to `max_records` behind it raises SinkUnavailableError
-after dropping what the batch held (the service reconnects once the wait is over and
-PostgreSQL sends those transactions again), so memory holds two batches at most.
-`stop()` ends the retries: what the commit held is not acknowledged, so the next start
-sends it again. `report_outages_to(callback)`: the callback gets the reason when an
-outage starts and "" when it ends (GET /status, through the stream's stats).
+5xx) is called again with the same records and LSN, after about 1 s, 2 s, 4 s ... up to
+RETRY_MAX_WAIT (pg2sink.retry, with jitter), for as long as the outage lasts: the sink
+must load nothing twice when called again (BigQuery: the batch's deterministic job ids).
+One WARNING when an outage starts, one INFO when the commit goes through. Meanwhile the
+stream goes on: `flush()` does not wait for the retried commit (it returns what is
+acknowledged), nothing new is acknowledged, and a batch grown to `max_records` behind it
+raises SinkUnavailableError after dropping what the batch held (the service reconnects
+once the wait is over and PostgreSQL sends those transactions again), so memory holds
+two batches at most. `stop()` ends the retries: what the commit held is not
+acknowledged, so the next start sends it again. `report_outages_to(callback)`: the
+callback gets the reason when an outage starts and "" when it ends (GET /status, through
+the stream's stats).
 
 Spacing (`min_interval`, the BigQuery sink's --bigquery-load-interval): a batch that holds
 records is committed at least `min_interval` seconds after the previous such commit
@@ -53,6 +54,7 @@ from typing import Protocol
 from pg2sink.changelog.records import Message, Modification, Record, Schema
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.logical.lsn import format_lsn
+from pg2sink.retry import Backoff
 
 __all__ = ["RECORD_BYTES", "BackgroundCommits", "Chunks"]
 
@@ -64,6 +66,8 @@ RECORD_BYTES = 256
 #: longest (short: each attempt has already waited out the client's own retries)
 RETRY_FIRST_WAIT = 1.0
 RETRY_MAX_WAIT = 10.0
+#: the share of each wait left to chance
+RETRY_JITTER = 0.2
 #: how often a wait for the commit in flight looks whether an outage began
 _WAIT_POLL = 0.2
 
@@ -254,7 +258,8 @@ class BackgroundCommits:
         """`commit(records, lsn)` on the background thread, called again after a wait
         while it raises SinkUnavailableError, until it returns, raises another error or
         the sink stops (module docstring: Outages)."""
-        wait, failures, since = RETRY_FIRST_WAIT, 0, time.monotonic()
+        backoff = Backoff(RETRY_FIRST_WAIT, RETRY_MAX_WAIT, jitter=RETRY_JITTER)
+        failures, since = 0, time.monotonic()
         while True:
             try:
                 done = self._commit(records, lsn)
@@ -272,14 +277,13 @@ class BackgroundCommits:
                 else:
                     log.debug("still unavailable: %s", e)
                     self.outage = e
-                if self._stopping.wait(wait):
+                if self._stopping.wait(backoff.failed()):
                     log.warning(
                         "stopped while the sink was unavailable: the changes after LSN %s "
                         "are sent again at the next start",
                         format_lsn(self._acked or self.stored),
                     )
                     raise
-                wait = min(wait * 2, RETRY_MAX_WAIT)
                 continue
             except SinkError:
                 if self.outage is not None:

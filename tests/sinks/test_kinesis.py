@@ -34,13 +34,14 @@ from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Message, Modification, Operation, Schema, Truncation
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.observability.stats import StreamStats
+from pg2sink.retry import bounded_wait
 from pg2sink.sinks.kinesis.batching import (
+    BACKOFF_BASE,
     BACKOFF_CAP,
     MAX_RECORD_BYTES,
     MAX_RECORDS,
     MAX_REQUEST_BYTES,
     Entry,
-    backoff,
     plan_retry,
     take_batch,
 )
@@ -145,6 +146,11 @@ def test_batches_keep_to_the_request_limits() -> None:
         [b"1", b"2"],
         [b"3", b"4"],
     ]
+
+
+def backoff(attempt: int, rand: Callable[[], float]) -> float:
+    """The sender's wait before retry number `attempt` (its Backoff's)."""
+    return bounded_wait(attempt, BACKOFF_BASE, BACKOFF_CAP, 1.0, rand)
 
 
 def test_backoff_is_full_jitter_capped() -> None:

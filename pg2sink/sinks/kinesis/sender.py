@@ -7,7 +7,7 @@ record); this thread takes them in order and sends one PutRecords at a time:
   or when the stream asks for everything queued so far (`send_all`, at each
   start_flush), so a quiet stream sends small batches at the flush interval;
 - the failed entries of a response (batching.plan_retry) are sent again, after a pause
-  (batching.backoff), before anything newer: per-key order holds, and the batch counts
+  (pg2sink.retry, full jitter), before anything newer: per-key order holds, and the batch counts
   as accepted only when all of it is stored;
 - a request that fails as a whole is retried the same way: retryable failures (no
   connection, throttling, a 5xx) forever, with one WARNING when the trouble starts and
@@ -41,11 +41,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.retry import Backoff
 from pg2sink.sinks.kinesis.batching import (
+    BACKOFF_BASE,
+    BACKOFF_CAP,
     MAX_RECORDS,
     MAX_REQUEST_BYTES,
     Entry,
-    backoff,
     plan_retry,
     take_batch,
 )
@@ -81,7 +83,8 @@ class Sender:
         self._stream = stream
         self._max_queued = max_queued
         self._stall_wait = stall_wait
-        self._rand = rand
+        #: the waits between attempts: reset by each stored request (sending thread's own)
+        self._backoff = Backoff(BACKOFF_BASE, BACKOFF_CAP, jitter=1.0, rand=rand)
         self._cond = threading.Condition()
         # all below under self._cond
         self._queue: deque[Entry] = deque()
@@ -254,7 +257,6 @@ class Sender:
         """Put `batch` until all of it is stored: True; False when it was given up (a
         reset, a stop, a failure retrying cannot fix)."""
         pending = batch
-        attempt = 0
         while not self._given_up(generation):
             try:
                 response = self._put(pending)
@@ -273,13 +275,13 @@ class Sender:
                     )
                     return False
                 if not outcome.again:
+                    self._backoff.succeeded()
                     self._recovered()
                     return True
                 codes = ", ".join(f"{n} {code}" for code, n in sorted(outcome.errors.items()))
                 self._trouble(f"{outcome.failed} of {len(pending)} records failed ({codes})")
                 pending = outcome.again
-            self._pause(backoff(attempt, self._rand), generation)
-            attempt += 1
+            self._pause(self._backoff.failed(), generation)
         return False
 
     def _given_up(self, generation: int) -> bool:
