@@ -123,6 +123,7 @@ class Window(Marks):
 
     def restart(self) -> None:
         """A new generation: the messages written so far are forgotten (the replay
-        writes them again, counted from 0)."""
+        writes them again, counted from 0), and nothing of it is acknowledged yet."""
         self.generation += 1
         self.forget()
+        self._acknowledged = None
