@@ -122,6 +122,10 @@ class NatsSink:
         #: messages written in this generation, and their bytes
         self._written = 0
         self._written_bytes = 0
+        #: (messages written before it, lsn) of the checkpoints not yet taken into the
+        #: window (taken at each acknowledgement check: a commit of one change each costs
+        #: an append, not a call)
+        self._noted: list[tuple[int, int]] = []
         #: when the oldest message still waiting was handed over, if nothing waited then
         self._waiting_since = 0.0
         #: the JSON payloads of changes given by their fields (write_new_row), when the
@@ -299,7 +303,7 @@ class NatsSink:
     # -- acknowledgement -------------------------------------------------------------
 
     def checkpoint(self, lsn: int) -> None:
-        self._window.checkpoint(self._written, lsn)
+        self._noted.append((self._written, lsn))
         # Not handed over here: a commit of one change each would wake the loop thread,
         # and write to the socket, once per message. The batch goes at BATCH messages,
         # or when the stream asks for acknowledgements or a flush (each time it has
@@ -315,7 +319,10 @@ class NatsSink:
 
     def acknowledged(self) -> int | None:
         self._submit()
-        return self._window.acknowledged(self._check())
+        acked = self._check()
+        window = self._window
+        window.take(self._noted)
+        return window.acknowledged(acked)
 
     def flush(self) -> int | None:
         if self._publisher is not None:
@@ -386,6 +393,7 @@ class NatsSink:
         """Forget this generation's messages: PostgreSQL replays from the last confirmed
         position (whose Schema records come again, hence the tables too)."""
         self._window.restart()
+        self._noted.clear()
         self._batch = []
         self._batch_limit = BATCH
         self._written = self._written_bytes = 0
