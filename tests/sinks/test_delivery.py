@@ -82,6 +82,9 @@ def test_a_checkpoint_waits_for_every_message_before_it() -> None:
     report = (window.generation, 4, 400)
     assert window.acknowledged(window.own(report)[0]) == 120
     assert window.acknowledged(5) == 200
+    noted = [(6, 250), (6, 260), (8, 300)]  # as a sink notes them on its hot path
+    window.take(noted)
+    assert noted == [] and window.acknowledged(7) == 260 and window.acknowledged(8) == 300
 
 
 def test_a_report_of_another_generation_counts_nothing() -> None:

@@ -35,6 +35,7 @@ from pg2sink.changelog.records import Message, Modification, Operation, Schema, 
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.observability.stats import StreamStats
 from pg2sink.retry import bounded_wait
+from pg2sink.sinks.delivery import Marks as _Marks
 from pg2sink.sinks.kinesis.batching import (
     BACKOFF_BASE,
     BACKOFF_CAP,
@@ -49,7 +50,7 @@ from pg2sink.sinks.kinesis.config import KinesisConfig
 from pg2sink.sinks.kinesis.imports import KinesisImportTarget
 from pg2sink.sinks.kinesis.payload import MESSAGES_KEY, Payload
 from pg2sink.sinks.kinesis.sender import Sender
-from pg2sink.sinks.kinesis.sink import KinesisSink, _Marks
+from pg2sink.sinks.kinesis.sink import KinesisSink
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.sinks.test_kafka_health import api_url, status
 from tests.sinks.test_null import import_table

@@ -17,7 +17,8 @@ tests/sinks/test_delivery.py; the retry policy is pg2sink/retry.py):
                 (StreamStats.sink_outage), the same way for every sink.
 
 How a sink uses it: it counts what it writes (plain attributes on its hot path: no call
-per message), hands `Window.checkpoint` that count at each checkpoint, and asks
+per message), hands `Window.checkpoint` that count at each checkpoint (or notes
+(count, lsn) in a list that `Window.take` takes at batch level), and asks
 `Window.acknowledged` with the count its client thread reports (`Acks.count`, or the
 requests a sender stored in order). On a failure that makes PostgreSQL replay, it calls
 `Window.restart` and its client thread drops the older generation's late acks.

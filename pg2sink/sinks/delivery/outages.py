@@ -22,9 +22,10 @@ def _ignore(outage: str) -> None:
 
 
 class Outages:
-    """See the module docstring. `what` names the server in the health reason."""
+    """See the module docstring. `what` names the server in the health reason (none:
+    the reason says it)."""
 
-    def __init__(self, what: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, what: str = "", clock: Callable[[], float] = time.monotonic) -> None:
         self.what = what
         self.clock = clock
         #: when the outage began (None: no outage)
@@ -40,7 +41,9 @@ class Outages:
 
     def describe(self) -> str:
         """The outage for GET /status ("" while there is none)."""
-        return f"{self.what}: {self.reason}" if self.since is not None else ""
+        if self.since is None:
+            return ""
+        return f"{self.what}: {self.reason}" if self.what else self.reason
 
     def report_to(self, tell: Callable[[str], None]) -> None:
         """Call `tell(description)` when an outage starts, `tell("")` when it ends; now
