@@ -10,6 +10,7 @@ import pytest
 from pg2sink.observability.stats import StreamStats
 from pg2sink.retry import Backoff, bounded_wait
 from pg2sink.sinks.delivery import Acks, Outages, Window
+from pg2sink.sinks.nats.sent import Sent
 
 
 class FakeClock:
@@ -192,3 +193,42 @@ def test_health_follows_outages_in_the_stream_stats() -> None:
     assert not stats.sink_healthy and stats.sink_reason == "Kinesis stream 's': no connection"
     outages.recovered()
     assert stats.sink_healthy
+
+
+def test_the_nats_acks_count_runs_and_single_acks_in_any_order_without_gaps() -> None:
+    """The NATS client's Sent (the engine's Acks, with a fast path for a read's run of
+    PubAcks and a resend after a lost connection), fed random runs, single acks,
+    repeats and resends (seeded, many rounds): its count is always the length of the
+    longest acknowledged prefix, and its bytes those of that prefix."""
+    for seed in range(300):
+        rng = random.Random(seed)
+        sent, acked = Sent(), set[int]()
+        sizes: list[int] = []
+        for _ in range(rng.randrange(20, 200)):
+            step = rng.random()
+            if step < 0.3:
+                n = rng.randrange(1, 8)
+                chunk = [(b"s", b"x" * rng.randrange(0, 9), b"") for _ in range(n)]
+                sent.keep(chunk, [len(p) for _, p, _ in chunk])
+                sizes += [len(p) for _, p, _ in chunk]
+            elif step < 0.6 and sent.sent > sent.count:  # a run, often the next in order
+                first = sent.count if rng.random() < 0.7 else rng.randrange(sent.sent)
+                run = list(range(first, min(sent.sent, first + rng.randrange(1, 6))))
+                sent.acknowledge_run([b"%d" % s for s in run])
+                acked.update(run)
+            elif step < 0.9 and sent.sent:
+                serial = rng.randrange(sent.sent)
+                sent.acknowledge(serial)
+                acked.add(serial)
+            elif step < 0.93:  # a lost connection: what is not acknowledged goes again
+                again = sent.resend()
+                acked = {s for s in acked if s < sent.count}
+                del sizes[sent.count :]
+                if again:
+                    sent.keep(again, [len(p) for _, p, _ in again])
+                    sizes += [len(p) for _, p, _ in again]
+            prefix = 0
+            while prefix in acked and prefix < sent.sent:
+                prefix += 1
+            assert sent.count == prefix, seed
+            assert sent.size == sum(sizes[:prefix]), seed
