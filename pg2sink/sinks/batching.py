@@ -12,17 +12,17 @@ returned, so PostgreSQL is never told of a change the sink does not hold. A comm
 SinkError fails the sink: every later call raises it.
 
 Outages: a commit that raises SinkUnavailableError (its server unreachable, or answering
-5xx) is called again with the same records and LSN, after 1 s, 2 s, 4 s ... up to
-RETRY_MAX_WAIT, for as long as the outage lasts: the sink must load nothing twice when
-called again (BigQuery: the batch's deterministic job ids). One WARNING when an outage
-starts, one INFO when the commit goes through. Meanwhile the stream goes on: `flush()`
-does not wait for the retried commit (it returns what is acknowledged), nothing new is
-acknowledged, and a batch grown to `max_records` behind it raises SinkUnavailableError
-after dropping what the batch held (the service reconnects once the wait is over and
-PostgreSQL sends those transactions again), so memory holds two batches at most.
-`stop()` ends the retries: what the commit held is not acknowledged, so the next start
-sends it again. `report_outages_to(callback)`: the callback gets the reason when an
-outage starts and "" when it ends (GET /status, through the stream's stats).
+5xx) is called again with the same records and LSN, after about 1 s, 2 s, 4 s ... up to
+RETRY_MAX_WAIT (pg2sink.retry, with jitter), for as long as the outage lasts: the sink
+must load nothing twice when called again (BigQuery: the batch's deterministic job ids).
+One WARNING when an outage starts, one INFO when the commit goes through. Meanwhile the
+stream goes on: `flush()` does not wait for the retried commit (it returns what is
+acknowledged), nothing new is acknowledged, and a batch grown to `max_records` behind it
+raises SinkUnavailableError after dropping what the batch held (the service reconnects
+once the wait is over and PostgreSQL sends those transactions again), so memory holds
+two batches at most. `stop()` ends the retries: what the commit held is not
+acknowledged, so the next start sends it again. `outages` (the delivery engine's
+Outages) tells the stream's stats when an outage starts and ends (GET /status).
 
 Spacing (`min_interval`, the BigQuery sink's --bigquery-load-interval): a batch that holds
 records is committed at least `min_interval` seconds after the previous such commit
@@ -53,6 +53,8 @@ from typing import Protocol
 from pg2sink.changelog.records import Message, Modification, Record, Schema
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.logical.lsn import format_lsn
+from pg2sink.retry import Backoff
+from pg2sink.sinks.delivery import Outages
 
 __all__ = ["RECORD_BYTES", "BackgroundCommits", "Chunks"]
 
@@ -64,6 +66,8 @@ RECORD_BYTES = 256
 #: longest (short: each attempt has already waited out the client's own retries)
 RETRY_FIRST_WAIT = 1.0
 RETRY_MAX_WAIT = 10.0
+#: the share of each wait left to chance
+RETRY_JITTER = 0.2
 #: how often a wait for the commit in flight looks whether an outage began
 _WAIT_POLL = 0.2
 
@@ -117,11 +121,10 @@ class BackgroundCommits:
         #: the LSN the commit in flight is of
         self._in_flight_lsn = 0
         self.failed: SinkError | None = None
-        #: the commit in flight waits for its server to come back (set by the background
-        #: thread while it retries)
-        self.outage: SinkUnavailableError | None = None
+        #: the commit in flight waits for its server to come back (the background thread
+        #: tells it while it retries): logged once each way, the sink's health
+        self.outages = Outages()
         self._stopping = threading.Event()
-        self._on_outage: Callable[[str], None] | None = None
         #: the open transaction went to Chunks.write; the Schema records of its chunks
         #: (kept when it starts again); the chunk being written
         self._chunking = False
@@ -178,10 +181,10 @@ class BackgroundCommits:
             # the sink is behind: wait for its commit and hand it this batch, so memory
             # holds two batches at most (the stream waits meanwhile)
             self._wait()
-            if self.outage is not None:
+            if self.outages.down:
                 self._drop_batch()
                 raise SinkUnavailableError(
-                    f"{self.outage} (a full batch waits behind it: the stream starts again "
+                    f"{self.outages.reason} (a full batch waits behind it: the stream starts again "
                     "from the last confirmed LSN once it is loaded)"
                 )
             self._start(spaced=False)
@@ -236,16 +239,6 @@ class BackgroundCommits:
         self._stopping.set()
         self._worker.shutdown(wait=True)
 
-    def report_outages_to(self, callback: Callable[[str], None]) -> None:
-        """Call `callback(reason)` when an outage starts and `callback("")` when it ends
-        (on the background thread)."""
-        self._on_outage = callback
-
-    def _outage(self, error: SinkUnavailableError | None) -> None:
-        self.outage = error
-        if self._on_outage is not None:
-            self._on_outage("" if error is None else str(error))
-
     def _submit(self, records: list[Record], lsn: int) -> None:
         self._in_flight_records, self._in_flight_lsn = len(records), lsn
         self._in_flight = self._worker.submit(self._retried, records, lsn)
@@ -254,43 +247,38 @@ class BackgroundCommits:
         """`commit(records, lsn)` on the background thread, called again after a wait
         while it raises SinkUnavailableError, until it returns, raises another error or
         the sink stops (module docstring: Outages)."""
-        wait, failures, since = RETRY_FIRST_WAIT, 0, time.monotonic()
+        backoff = Backoff(RETRY_FIRST_WAIT, RETRY_MAX_WAIT, jitter=RETRY_JITTER)
         while True:
             try:
                 done = self._commit(records, lsn)
             except SinkUnavailableError as e:
-                failures += 1
-                if self.outage is None:
-                    since = time.monotonic()
+                if self.outages.trouble(str(e)):
                     log.warning(
                         "%s; retrying with backoff until it answers (nothing after LSN %s "
                         "is confirmed meanwhile)",
                         e,
                         format_lsn(self._acked or self.stored),
                     )
-                    self._outage(e)
                 else:
                     log.debug("still unavailable: %s", e)
-                    self.outage = e
-                if self._stopping.wait(wait):
+                if self._stopping.wait(backoff.failed()):
                     log.warning(
                         "stopped while the sink was unavailable: the changes after LSN %s "
                         "are sent again at the next start",
                         format_lsn(self._acked or self.stored),
                     )
                     raise
-                wait = min(wait * 2, RETRY_MAX_WAIT)
                 continue
             except SinkError:
-                if self.outage is not None:
-                    self._outage(None)
+                self.outages.recovered()  # not an outage any more: the sink failed
                 raise
-            if self.outage is not None:
-                self._outage(None)
+            ended = self.outages.recovered()
+            if ended is not None:
+                seconds, failures = ended
                 log.info(
                     "the sink answers again after %.1fs (%d failed attempt%s): committed up "
                     "to LSN %s",
-                    time.monotonic() - since,
+                    seconds,
                     failures,
                     "" if failures == 1 else "s",
                     format_lsn(done),
@@ -347,6 +335,6 @@ class BackgroundCommits:
         """Wait for the commit in flight (unless it waits out an outage) and take its
         result."""
         done = self._in_flight
-        while done is not None and not done.done() and self.outage is None:
+        while done is not None and not done.done() and not self.outages.down:
             wait_futures([done], timeout=_WAIT_POLL)
         self._collect()

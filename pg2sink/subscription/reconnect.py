@@ -6,10 +6,12 @@ with a fake clock.
 
 - Before the first session streamed, only --retry-initial retries: every
   --retry-interval (a standby waiting for the active instance's slot).
-- Once streaming, an outage is retried with exponential backoff: 1 s, 2 s, 4 s ... up
-  to 30 s. After a session that streamed for a healthy period (3 s, the first two
-  waits together) the next outage starts again at 1 s; after a shorter one (a server
-  or sink that keeps failing soon after each start) the backoff keeps growing.
+- Once streaming, an outage is retried with exponential backoff (pg2sink.retry): 1 s,
+  2 s, 4 s ... up to 30 s. After a session that streamed for a healthy period (3 s,
+  the first two waits together) the next outage starts again at 1 s; after a shorter
+  one (a server or sink that keeps failing soon after each start) the backoff keeps
+  growing. No jitter: one process reconnects to one server (no crowd to spread), and
+  the waits in the log read as the policy says.
 - One line per state change: a WARNING when an outage starts, an INFO when streaming
   resumes; a new reason within one outage is logged once at INFO.
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+
+from pg2sink.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +48,7 @@ class Reconnect:
         #: --retry-interval: the wait before the first session streamed
         self.retry_interval = retry_interval
         self.clock = clock
-        self.first_wait = first_wait
-        self.max_wait = max_wait
-        self.healthy_seconds = healthy_seconds
-        self._next_wait = first_wait
+        self._backoff = Backoff(first_wait, max_wait, healthy=healthy_seconds, clock=clock)
         #: when the current session started streaming (None: not streaming)
         self._up_since: float | None = None
         #: when the current outage started (None: no outage since the last session)
@@ -69,6 +70,7 @@ class Reconnect:
         self._down_since = None
         self._up_since = now
         self._ever_streamed = True
+        self._backoff.succeeded()
 
     def failed(self, reason: str) -> float:
         """A session (or an attempt to start one) failed for `reason`: seconds to wait."""
@@ -79,8 +81,6 @@ class Reconnect:
             return self.retry_interval
         now = self.clock()
         if self._up_since is not None:  # a streaming session ended: an outage starts
-            if now - self._up_since >= self.healthy_seconds:
-                self._next_wait = self.first_wait
             self._up_since = None
             self._down_since = now
             self._failures = 0
@@ -90,6 +90,4 @@ class Reconnect:
             self._reasons.add(reason)
             log.info("still retrying: %s", reason)
         self._failures += 1
-        wait = self._next_wait
-        self._next_wait = min(wait * 2, self.max_wait)
-        return wait
+        return self._backoff.failed()

@@ -34,13 +34,15 @@ from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Message, Modification, Operation, Schema, Truncation
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.observability.stats import StreamStats
+from pg2sink.retry import bounded_wait
+from pg2sink.sinks.delivery import Marks as _Marks
 from pg2sink.sinks.kinesis.batching import (
+    BACKOFF_BASE,
     BACKOFF_CAP,
     MAX_RECORD_BYTES,
     MAX_RECORDS,
     MAX_REQUEST_BYTES,
     Entry,
-    backoff,
     plan_retry,
     take_batch,
 )
@@ -48,7 +50,7 @@ from pg2sink.sinks.kinesis.config import KinesisConfig
 from pg2sink.sinks.kinesis.imports import KinesisImportTarget
 from pg2sink.sinks.kinesis.payload import MESSAGES_KEY, Payload
 from pg2sink.sinks.kinesis.sender import Sender
-from pg2sink.sinks.kinesis.sink import KinesisSink, _Marks
+from pg2sink.sinks.kinesis.sink import KinesisSink
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.sinks.test_kafka_health import api_url, status
 from tests.sinks.test_null import import_table
@@ -145,6 +147,11 @@ def test_batches_keep_to_the_request_limits() -> None:
         [b"1", b"2"],
         [b"3", b"4"],
     ]
+
+
+def backoff(attempt: int, rand: Callable[[], float]) -> float:
+    """The sender's wait before retry number `attempt` (its Backoff's)."""
+    return bounded_wait(attempt, BACKOFF_BASE, BACKOFF_CAP, 1.0, rand)
 
 
 def test_backoff_is_full_jitter_capped() -> None:

@@ -53,6 +53,7 @@ from pg2sink.sinks.nats.subjects import escape, table_subject
 from pg2sink.sinks.nats.wire import AckClient, ack_error, msg_id_header
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.test_spark import INTERNAL, check_rows, expected_rows, fill_table, prepare_job
+from tests.sinks.test_kafka_health import api_url, status
 from tests.support import FAST, Proc, own_server
 
 T = datetime(2026, 11, 24, 4, 20, 0, 123456, tzinfo=UTC)
@@ -639,6 +640,52 @@ def test_a_30s_server_outage_confirms_only_acknowledged_changes_and_loses_none(
     # the stream waited (no session ended): one line when NATS went, one when it came back
     assert err.count("lost the connection to NATS") == 1
     assert err.count("reachable again") == 1 and "streaming stopped" not in err
+    assert p.stop() == 0
+
+
+@pytest.mark.slow
+def test_a_30s_server_outage_shows_on_status_within_5s_each_way(
+    db: Database, pg2sink_proc: Proc, own_nats: services.NatsServer, topic_prefix: str
+) -> None:
+    """The test's own server stopped for 30 s while a row is inserted every second:
+    GET /status answers 500 (the sink's reason naming NATS) within 5 s of the stop and
+    for the whole outage, with nothing confirmed; 200 again within 5 s of the server's
+    return, and JetStream then holds every change once, in order."""
+    conn = db.connect()
+    conn.execute("CREATE TABLE kv (id int primary key)")
+    p = start(pg2sink_proc, own_nats.url, topic_prefix, "--nats-ack-timeout", "2s")
+    url = api_url(p)
+
+    def ids() -> list[int]:
+        got = stored(own_nats.url, topic_prefix)
+        return [m.value["after"]["id"] for m in got if m.value["kind"] == "modification"]
+
+    conn.execute("INSERT INTO kv VALUES (1)")
+    wait_for(lambda: ids() == [1], 30, "the first row")
+    assert status(url)[0] == 200
+    own_nats.stop()
+    stopped = time.monotonic()
+    conn.execute("INSERT INTO kv VALUES (2)")
+    after_two = db.current_lsn()
+    wait_for(lambda: status(url)[0] == 500, 5, "/status 500 within 5 s of the stop")
+    code, body = status(url)
+    assert code == 500 and f"NATS at {own_nats.url} is unreachable" in body["problems"]["sink"]
+    assert body["replication"] == "ok"
+    last = 2
+    while time.monotonic() - stopped < OUTAGE:
+        last += 1
+        conn.execute("INSERT INTO kv VALUES (%s)", (last,))
+        time.sleep(1)
+        assert status(url)[0] == 500
+        confirmed = db.slot_confirmed_lsn()
+        assert confirmed is not None and confirmed < after_two  # 2 was never acknowledged
+    own_nats.start()
+    wait_for(lambda: status(url)[0] == 200, 5, "/status 200 within 5 s of the return")
+    assert status(url) == (200, {"status": "ok", "replication": "ok", "sink": "ok"})
+    wait_for(lambda: len(ids()) >= last, 60, "every insert after the outage")
+    written = db.current_lsn()
+    assert ids() == list(range(1, last + 1))  # nothing lost, each once, in order
+    wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= written, 30, "the slot to pass them")
     assert p.stop() == 0
 
 

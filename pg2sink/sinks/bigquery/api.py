@@ -12,6 +12,7 @@ from google.api_core import exceptions as google_errors
 from google.cloud import bigquery
 
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.retry import bounded_wait
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.schema import Field
 
@@ -101,9 +102,11 @@ def upload_retries(deadline: float) -> int:
     seconds. The upload takes no `retry`: left at the client's default (6 retries, 63 s
     of waits), an upload that meets a server gone away would hold the batch past
     --bigquery-retry-deadline, and the outage would go unreported for a minute."""
-    retries, waited, wait = 0, 0.0, _UPLOAD_FIRST_WAIT
-    while waited + wait <= deadline:
-        retries, waited, wait = retries + 1, waited + wait, min(wait * 2, _UPLOAD_MAX_WAIT)
+    retries, waited = 0, 0.0
+    while (
+        waited + (wait := bounded_wait(retries, _UPLOAD_FIRST_WAIT, _UPLOAD_MAX_WAIT)) <= deadline
+    ):
+        retries, waited = retries + 1, waited + wait
     return retries
 
 

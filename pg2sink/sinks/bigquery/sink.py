@@ -79,7 +79,7 @@ class BigQuerySink:
     def report_health(self, stats: StreamStats) -> None:
         """Tell `stats` when BigQuery is away and when a batch loads again (GET /status),
         as the background commits find out (ReportsHealth)."""
-        self._commits.report_outages_to(stats.sink_outage)
+        self._commits.outages.report_to(stats.sink_outage)
 
     def use_slot(self, slot: str) -> None:
         """The stream's replication slot: the key of its state rows (UsesSlot)."""

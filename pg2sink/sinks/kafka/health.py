@@ -18,7 +18,8 @@ is down. So the state changes only on evidence, with hysteresis:
   suspect or unreachable. FAILED_PROBES in a row are needed: a first one may only have
   been slower than PROBE_WAIT to reconnect (TLS and SASL over a long link).
 - Entering and leaving "unreachable" each log one line and set the sink's outage in
-  StreamStats, so GET /status answers 500 for the whole outage (pg2sink_sink_healthy 0).
+  StreamStats, so GET /status answers 500 for the whole outage (pg2sink_sink_healthy 0):
+  the delivery engine's Outages, as every sink's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable
 
 from pg2sink.observability.stats import StreamStats
+from pg2sink.sinks.delivery import Outages
 
 __all__ = ["FAILED_PROBES", "PROBE_INTERVAL", "PROBE_WAIT", "BrokerHealth"]
 
@@ -49,19 +51,22 @@ class BrokerHealth:
         self.servers = servers
         self.clock = clock
         #: declared unreachable (logged; StreamStats told)
-        self.down = False
+        self.outages = Outages(f"Kafka at {servers} is unreachable", clock)
         #: trouble seen since the last evidence that Kafka answers
         self.suspect = False
         #: what the first trouble of this outage said
         self.reason = ""
         self._next_probe = 0.0
         self._failed_probes = 0
-        self._stats: StreamStats | None = None
+
+    @property
+    def down(self) -> bool:
+        """Declared unreachable."""
+        return self.outages.down
 
     def report_to(self, stats: StreamStats) -> None:
         """Keep `stats` told of outages (the sink's health in GET /status)."""
-        self._stats = stats
-        stats.sink_outage(self._outage())
+        self.outages.report_to(stats.sink_outage)
 
     def trouble(self, reason: str) -> None:
         """librdkafka reported a connection problem: look (probe) before concluding."""
@@ -83,29 +88,19 @@ class BrokerHealth:
         if self.down or self._failed_probes < FAILED_PROBES:
             return
         self.suspect = False
-        self.down = True
         self.reason = self.reason or reason
+        self.outages.trouble(self.reason)
         log.warning(
             "Kafka at %s is unreachable (%s); messages wait in the producer queue for up "
             "to message.timeout.ms",
             self.servers,
             self.reason,
         )
-        if self._stats is not None:
-            self._stats.sink_outage(self._outage())
 
     def reached(self) -> None:
         """A delivery or a metadata response: Kafka answers (logged once after an outage)."""
         self.suspect = False
         self._failed_probes = 0
-        if not self.down:
-            self.reason = ""
-            return
-        self.down = False
         self.reason = ""
-        log.info("Kafka is reachable again; deliveries resumed")
-        if self._stats is not None:
-            self._stats.sink_outage("")
-
-    def _outage(self) -> str:
-        return f"Kafka at {self.servers} is unreachable: {self.reason}" if self.down else ""
+        if self.outages.recovered() is not None:
+            log.info("Kafka is reachable again; deliveries resumed")

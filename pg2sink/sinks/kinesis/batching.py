@@ -33,7 +33,7 @@ an accepted entry goes again (at-least-once, as after a restart).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,6 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "Entry",
     "Outcome",
-    "backoff",
     "plan_retry",
     "take_batch",
 ]
@@ -73,7 +72,8 @@ TERMINAL_CODES = frozenset(
     )
 )
 
-#: First pause after a failed request, and the longest, in seconds.
+#: First pause after a failed request, and the longest, in seconds (pg2sink.retry, with
+#: full jitter: many writers throttled together do not retry together).
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 5.0
 
@@ -153,10 +153,3 @@ def plan_retry(sent: Sequence[Entry], response: Mapping[str, Any]) -> Outcome:
         elif entry.key in held:
             again.append(entry)  # stored ahead of an earlier failed entry of its key
     return Outcome(again, errors, terminal)
-
-
-def backoff(attempt: int, rand: Callable[[], float]) -> float:
-    """Seconds to wait before retry number `attempt` (0-based): "full jitter", a random
-    share of an exponential bound capped at BACKOFF_CAP, so that many writers throttled
-    together do not retry together."""
-    return rand() * min(BACKOFF_CAP, BACKOFF_BASE * 2.0**attempt)

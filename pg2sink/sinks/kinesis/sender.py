@@ -7,11 +7,12 @@ record); this thread takes them in order and sends one PutRecords at a time:
   or when the stream asks for everything queued so far (`send_all`, at each
   start_flush), so a quiet stream sends small batches at the flush interval;
 - the failed entries of a response (batching.plan_retry) are sent again, after a pause
-  (batching.backoff), before anything newer: per-key order holds, and the batch counts
+  (pg2sink.retry, full jitter), before anything newer: per-key order holds, and the batch counts
   as accepted only when all of it is stored;
 - a request that fails as a whole is retried the same way: retryable failures (no
   connection, throttling, a 5xx) forever, with one WARNING when the trouble starts and
-  one INFO line when Kinesis accepts records again; a failure retrying cannot fix
+  one INFO line when Kinesis accepts records again (`outages`, the delivery engine's:
+  also the sink's health in GET /status); a failure retrying cannot fix
   (the stream deleted, access denied) stops the thread, and the stream's next call
   raises it.
 
@@ -41,11 +42,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.retry import Backoff
+from pg2sink.sinks.delivery import Outages
 from pg2sink.sinks.kinesis.batching import (
+    BACKOFF_BASE,
+    BACKOFF_CAP,
     MAX_RECORDS,
     MAX_REQUEST_BYTES,
     Entry,
-    backoff,
     plan_retry,
     take_batch,
 )
@@ -81,7 +85,8 @@ class Sender:
         self._stream = stream
         self._max_queued = max_queued
         self._stall_wait = stall_wait
-        self._rand = rand
+        #: the waits between attempts: reset by each stored request (sending thread's own)
+        self._backoff = Backoff(BACKOFF_BASE, BACKOFF_CAP, jitter=1.0, rand=rand)
         self._cond = threading.Condition()
         # all below under self._cond
         self._queue: deque[Entry] = deque()
@@ -97,12 +102,8 @@ class Sender:
         self._generation = 0
         self._error: SinkError | None = None
         self._stopping = False
-        #: when retryable trouble began (time.monotonic), and the failed attempts since
-        self._trouble_since: float | None = None
-        self._attempts = 0
-        self._last_reason = ""
-        #: told the outage's description when trouble starts, "" when it ends
-        self._on_outage: Callable[[str], None] = _ignore
+        #: retryable trouble: logged once each way, the sink's health
+        self.outages = Outages(f"Kinesis stream {stream!r}")
         self._thread = threading.Thread(target=self._run, name="pg2sink-kinesis", daemon=True)
 
     # -- the stream's thread ---------------------------------------------------------
@@ -139,7 +140,7 @@ class Sender:
             if self._error is not None:
                 raise self._error
             if remaining <= 0:
-                reason = self._reason or "no answer"
+                reason = self.outages.reason or "no answer"
                 self._reset()
                 raise SinkUnavailableError(
                     f"Kinesis stream {self._stream!r} took no records for "
@@ -177,16 +178,6 @@ class Sender:
         """Bytes queued or in flight, not yet stored."""
         with self._cond:
             return self._queued_bytes + self._in_flight_bytes
-
-    def report_outages_to(self, on_outage: Callable[[str], None]) -> None:
-        """Call `on_outage(description)` when requests start failing, and
-        `on_outage("")` when Kinesis stores records again; now with the present state."""
-        self._on_outage = on_outage
-        on_outage(self._outage())
-
-    def _outage(self) -> str:
-        reason = self._reason
-        return f"Kinesis stream {self._stream!r}: {reason}" if reason is not None else ""
 
     def reset(self) -> None:
         """Forget every entry not stored yet (PostgreSQL replays them)."""
@@ -254,7 +245,6 @@ class Sender:
         """Put `batch` until all of it is stored: True; False when it was given up (a
         reset, a stop, a failure retrying cannot fix)."""
         pending = batch
-        attempt = 0
         while not self._given_up(generation):
             try:
                 response = self._put(pending)
@@ -273,13 +263,13 @@ class Sender:
                     )
                     return False
                 if not outcome.again:
+                    self._backoff.succeeded()
                     self._recovered()
                     return True
                 codes = ", ".join(f"{n} {code}" for code, n in sorted(outcome.errors.items()))
                 self._trouble(f"{outcome.failed} of {len(pending)} records failed ({codes})")
                 pending = outcome.again
-            self._pause(backoff(attempt, self._rand), generation)
-            attempt += 1
+            self._pause(self._backoff.failed(), generation)
         return False
 
     def _given_up(self, generation: int) -> bool:
@@ -299,18 +289,9 @@ class Sender:
 
     # -- one line per outage ---------------------------------------------------------
 
-    @property
-    def _reason(self) -> str | None:
-        """Why requests fail now (None: they do not)."""
-        return self._last_reason if self._trouble_since is not None else None
-
     def _trouble(self, reason: str) -> None:
         """A request failed in a way worth retrying: logged once per outage."""
-        self._attempts += 1
-        self._last_reason = reason
-        if self._trouble_since is None:
-            self._trouble_since = time.monotonic()
-            self._on_outage(self._outage())
+        if self.outages.trouble(reason):
             log.warning(
                 "Kinesis stream %r: %s; retrying with backoff (nothing after the last "
                 "stored record is confirmed)",
@@ -320,19 +301,10 @@ class Sender:
 
     def _recovered(self) -> None:
         """A request was stored after trouble: one line saying so."""
-        since = self._trouble_since
-        if since is None:
-            return
-        self._trouble_since = None
-        self._on_outage("")
-        log.info(
-            "Kinesis stream %r stores records again, after %.1fs and %d failed attempts",
-            self._stream,
-            time.monotonic() - since,
-            self._attempts,
-        )
-        self._attempts = 0
-
-
-def _ignore(outage: str) -> None:
-    """No one to tell of outages (before report_outages_to)."""
+        ended = self.outages.recovered()
+        if ended is not None:
+            log.info(
+                "Kinesis stream %r stores records again, after %.1fs and %d failed attempts",
+                self._stream,
+                *ended,
+            )

@@ -8,13 +8,13 @@ too, so a consumer reading every shard knows each table's columns and types.
 Delivery (sender.py): write() queues the entry and returns; a background thread sends
 PutRecords of up to 500 records and 5 MiB, one request at a time, in order, and sends
 the failed entries of a response again before anything newer. A checkpoint is
-acknowledged once every entry written before it is stored (`_Marks`): those are the
-only LSNs the stream confirms to PostgreSQL. Throttling and outages are retried with
-backoff while the queue has room; a queue full for the sender's stall wait raises
-SinkUnavailableError (the service reconnects, PostgreSQL replays from the last confirmed
-LSN: at-least-once). A record over 1 MiB, a missing stream, refused access raise
-SinkError and stop the stream with nothing after them confirmed. An outage shows in
-GET /status from its first failed request to the first stored one (`report_health`).
+acknowledged once every entry written before it is stored (the delivery engine's Marks):
+those are the only LSNs the stream confirms to PostgreSQL. Throttling and outages are
+retried with backoff while the queue has room; a queue full for the sender's stall wait
+raises SinkUnavailableError (the service reconnects, PostgreSQL replays from the last
+confirmed LSN: at-least-once). A record over 1 MiB, a missing stream, refused access
+raise SinkError and stop the stream with nothing after them confirmed. An outage shows
+in GET /status from its first failed request to the first stored one (`report_health`).
 
 Credentials come from boto3's chain (environment, profile, instance role); their
 secret parts are registered for redaction, and boto's own loggers, which print
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +45,7 @@ from botocore.exceptions import ConnectionError as NoConnection
 from pg2sink.changelog.records import Record, Schema
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.options import add_secret
+from pg2sink.sinks.delivery import Marks
 from pg2sink.sinks.kinesis.batching import MAX_RECORD_BYTES, Entry
 from pg2sink.sinks.kinesis.config import KinesisConfig
 from pg2sink.sinks.kinesis.payload import Payload, bounded_key, payload_for
@@ -95,42 +95,6 @@ _RETRYABLE_CODES = frozenset(
 )
 
 
-class _Marks:
-    """Checkpoints and how many entries were written before each: a checkpoint is
-    acknowledged once that many entries are stored (Sender.accepted)."""
-
-    __slots__ = ("_acknowledged", "_marks")
-
-    def __init__(self) -> None:
-        self._marks: deque[tuple[int, int]] = deque()
-        self._acknowledged: int | None = None
-
-    def checkpoint(self, written: int, lsn: int) -> None:
-        """Every entry of the first `written` belongs to WAL below `lsn`."""
-        marks = self._marks
-        if marks:
-            last_written, last_lsn = marks[-1]
-            if lsn <= last_lsn:
-                return  # never backwards
-            if last_written == written:  # nothing written since: move the mark
-                marks[-1] = (written, lsn)
-                return
-        elif self._acknowledged is not None and lsn <= self._acknowledged:
-            return
-        marks.append((written, lsn))
-
-    def acknowledged(self, accepted: int) -> int | None:
-        """The highest checkpoint whose entries are all among the first `accepted`."""
-        marks = self._marks
-        while marks and marks[0][0] <= accepted:
-            self._acknowledged = marks.popleft()[1]
-        return self._acknowledged
-
-    def forget(self) -> None:
-        """Drop the checkpoints not yet acknowledged (their entries were dropped)."""
-        self._marks.clear()
-
-
 class KinesisSink:
     """Sink putting records to a Kinesis data stream; see the module docstring."""
 
@@ -151,7 +115,7 @@ class KinesisSink:
         self._limits = (max_queued, stall_wait)
         self._client: KinesisClient | None = None
         self._sender: Sender | None = None
-        self._marks = _Marks()
+        self._marks = Marks()
         #: the streams outbox messages went to, checked once each
         self._outbox_streams: set[str] = set()
 
@@ -266,7 +230,7 @@ class KinesisSink:
         """Tell `stats` when Kinesis stops storing records and when it stores them again
         (GET /status), as the sender finds out."""
         if self._sender is not None:
-            self._sender.report_outages_to(stats.sink_outage)
+            self._sender.outages.report_to(stats.sink_outage)
 
     # -- acknowledgement -------------------------------------------------------------
 

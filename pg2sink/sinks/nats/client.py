@@ -17,15 +17,16 @@ confirmed position) under a new generation; acks of the messages of an older one
 ignored when they come late, so they can never acknowledge a message of the replay.
 
 Outages: nats-py does not reconnect by itself (allow_reconnect off): its reconnect
-buffer would send, after reconnecting, messages published after one the dead
-connection swallowed, so that one would be stored after them, out of order. Instead
-the loop keeps every message it sent until JetStream acknowledges it; when the
-connection is lost it connects again every RECONNECT_WAIT (creating the stream again if
-the server lost it), then publishes again, in their order, every message not yet
-acknowledged (with the same Nats-Msg-Id: JetStream drops the ones it had stored), and
-goes on with the rest. Nothing is lost and the order holds, without the stream
-stopping: it only stops confirming. One WARNING when the connection is lost, one INFO
-when it is back.
+buffer would send, after reconnecting, messages published after one the dead connection
+swallowed, so that one would be stored after them, out of order. Instead the loop keeps
+every message it sent until JetStream acknowledges it; when the connection is lost it
+connects again, waiting between attempts as pg2sink.retry says (up to RECONNECT_WAIT;
+creating the stream again if the server lost it), then publishes again, in their order,
+every message not yet acknowledged (with the same Nats-Msg-Id: JetStream drops the ones
+it had stored), and goes on with the rest. Nothing is lost and the order holds, without
+the stream stopping: it only stops confirming. One WARNING when the connection is lost,
+one INFO when it is back, and the sink unhealthy in between (`outages`: the delivery
+engine's Outages, which the sink reports to GET /status).
 
 What the sink reads from the loop's thread (`acked`, `failure`, `progress_at`) is
 written whole by that thread (one tuple or float at a time), so a read sees either the
@@ -50,6 +51,8 @@ from nats.aio.client import Client
 from nats.js.api import StorageType, StreamConfig
 
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.retry import Backoff
+from pg2sink.sinks.delivery import Outages
 from pg2sink.sinks.nats.config import NatsConfig, shown_url
 from pg2sink.sinks.nats.sent import Sent
 from pg2sink.sinks.nats.wire import AckClient, Outgoing, ack_error, frames
@@ -62,8 +65,13 @@ __all__ = ["Outgoing", "Publisher"]
 CONNECT_WAIT = 10.0
 #: Longest wait for the connection to close at the end, in seconds.
 CLOSE_WAIT = 5.0
-#: Seconds between attempts to connect again after the connection was lost.
+#: The first and the longest wait between attempts to connect again after the
+#: connection was lost, in seconds (the server's return shows within RECONNECT_WAIT and
+#: the time to connect).
+FIRST_RECONNECT_WAIT = 0.1
 RECONNECT_WAIT = 1.0
+#: The share of each wait left to chance.
+RECONNECT_JITTER = 0.2
 #: Messages written to the connection in one piece at most.
 CHUNK = 512
 
@@ -103,8 +111,8 @@ class Publisher:
         self.progress_at = time.monotonic()
         """When the acknowledged count last grew, messages started waiting for it, or
         the connection came back."""
-        self.away_since: float | None = None
-        """When the connection was lost, while it is (None: connected)."""
+        self.outages = Outages(f"NATS at {self.url} is unreachable")
+        """The connection's outages: logged once each way, the sink's health."""
         # the loop thread's own
         self._generation = 0
         #: the messages to publish, in order
@@ -121,6 +129,11 @@ class Publisher:
         #: drop_connection() closed, one replaced since) is no news
         self._connection: object = None
         self._last_error = "no answer"
+
+    @property
+    def away_since(self) -> float | None:
+        """When the connection was lost, while it is (None: connected)."""
+        return self.outages.since
 
     # -- the sink's thread ----------------------------------------------------------
 
@@ -424,9 +437,8 @@ class Publisher:
 
     def _lost(self, reason: str) -> None:
         """Stop publishing, and connect again until the server answers (_reconnect)."""
-        if self.away_since is not None:
-            return
-        self.away_since = time.monotonic()
+        if not self.outages.trouble(reason):
+            return  # lost already
         log.warning(
             "lost the connection to NATS at %s (%s); reconnecting, what it has not "
             "acknowledged stays unconfirmed and is sent again",
@@ -436,21 +448,22 @@ class Publisher:
         self._reconnecting = self._loop.create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
-        """Connect every RECONNECT_WAIT until it works, then send again, in order, what
-        was not acknowledged, and the rest."""
+        """Connect until it works (with backoff), then send again, in order, what was
+        not acknowledged, and the rest."""
+        backoff = Backoff(FIRST_RECONNECT_WAIT, RECONNECT_WAIT, jitter=RECONNECT_JITTER)
         while True:
             try:
                 await self._connect()
                 break
             except Exception as e:  # nats-py's, the network's: wait and try again
                 log.debug("NATS at %s: %s", self.url, _reason(e))
-                await asyncio.sleep(RECONNECT_WAIT)
-        away = time.monotonic() - (self.away_since or 0.0)
+                self.outages.trouble(_reason(e))
+                await asyncio.sleep(backoff.failed())
         unacknowledged = self._sent.resend()
         resent = len(unacknowledged)
         # same serials, same order: the acknowledged count goes on where it stopped
         self._queue[:0] = unacknowledged
-        self.away_since = None
+        away, _ = self.outages.recovered() or (0.0, 0)
         self.progress_at = time.monotonic()
         log.info(
             "NATS at %s reachable again after %.1fs; publishing the %d messages waiting "

@@ -5,8 +5,9 @@ Kept by write (up to client.CHUNK messages), each with the cumulative sizes of i
 payloads, so that the bytes acknowledged are one lookup and no message is popped one at
 a time; a write is dropped once wholly acknowledged (the last one stays, for its
 sizes). Serials are 0, 1, ... in the order sent; acks come back in order, a run of them
-moves the count in one step, and one ahead of a gap waits in a set. The loop thread's
-own (client.Publisher publishes the count to the sink's thread).
+moves the count in one step, and one ahead of a gap waits (the delivery engine's Acks,
+which this extends with the messages and their sizes). The loop thread's own
+(client.Publisher publishes the count to the sink's thread).
 """
 
 from __future__ import annotations
@@ -14,36 +15,30 @@ from __future__ import annotations
 from collections import deque
 from itertools import accumulate
 
+from pg2sink.sinks.delivery import Acks
 from pg2sink.sinks.nats.wire import Outgoing
 
 __all__ = ["Sent"]
 
 
-class Sent:
+class Sent(Acks):
     """See the module docstring."""
 
-    __slots__ = ("_early", "_writes", "count", "sent", "sent_bytes", "size")
+    __slots__ = ("_writes", "sent_bytes", "size")
 
     _writes: deque[tuple[int, list[Outgoing], list[int]]]
     """The writes, oldest first: (serial of the first message, the messages, the payload
     bytes sent before each message of this generation and after the last)."""
-    _early: set[int]
-    count: int
-    """Messages acknowledged with no gap before them."""
     size: int
-    """Their payload bytes."""
-    sent: int
-    """Messages sent (the next serial)."""
+    """The payload bytes of the messages acknowledged with no gap (`count`)."""
     sent_bytes: int
-    """Their payload bytes."""
-
-    def __init__(self) -> None:
-        self.clear()
+    """The payload bytes of the messages sent (`sent`)."""
 
     def clear(self) -> None:
         """A new generation: nothing sent."""
-        self._writes, self._early = deque(), set()
-        self.count = self.size = self.sent = self.sent_bytes = 0
+        super().clear()
+        self._writes = deque()
+        self.size = self.sent_bytes = 0
 
     def resend(self) -> list[Outgoing]:
         """The messages sent and not acknowledged, in their order, forgotten: they are
@@ -78,25 +73,10 @@ class Sent:
             for serial in serials:
                 moved = self.acknowledge(int(serial)) or moved
             return moved
-        self._move(count + n)
+        self._moved(count + n)
         return True
 
-    def acknowledge(self, serial: int) -> bool:
-        """One message's PubAck; whether the count moved."""
-        count = self.count
-        if serial != count or serial >= self.sent:
-            if count < serial < self.sent:
-                self._early.add(serial)
-            return False  # ahead of a gap, a repeat's answer (or not a serial sent)
-        early = self._early
-        count += 1
-        while count in early:
-            early.remove(count)
-            count += 1
-        self._move(count)
-        return True
-
-    def _move(self, count: int) -> None:
+    def _moved(self, count: int) -> None:
         """The count is `count` (more than it was, at most those sent): its bytes, and
         the writes acknowledged in whole dropped."""
         writes = self._writes

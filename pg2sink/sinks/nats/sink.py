@@ -14,10 +14,11 @@ stream's duplicate window once.
 Publishing (client.py): `write` appends the message to a batch, handed to the loop
 thread every BATCH messages and at each flush and acknowledgement check;
 JetStream acknowledges each message on a reply subject of its own. The sink counts the
-messages it wrote and remembers, per checkpoint, how many came before it: a checkpoint
-is acknowledged once that many messages are acknowledged with no gap, so `acknowledged()`
-is the highest checkpoint whose every message JetStream stored, and a failed message
-holds back every checkpoint after it.
+messages it wrote and the delivery engine's Window (sinks/delivery) remembers, per
+checkpoint, how many came before it: a checkpoint is acknowledged once that many
+messages are acknowledged with no gap, so `acknowledged()` is the highest checkpoint
+whose every message JetStream stored, and a failed message holds back every checkpoint
+after it.
 
 Failures: a JetStream error (no stream holds the subject, a refused message) raises
 SinkError, and nothing after the message is confirmed. A lost connection does not stop
@@ -30,6 +31,9 @@ SinkUnavailableError: the service reconnects to PostgreSQL, which replays from t
 confirmed position, and the sink starts a new generation. Repeats are dropped by
 JetStream within its duplicate window (at-least-once; once within the window).
 
+Health: from the moment the connection is lost until it is back, GET /status answers
+500 and pg2sink_sink_healthy is 0 (`report_health`; client.py's Outages).
+
 Backpressure: at most MAX_IN_FLIGHT messages and MAX_IN_FLIGHT_BYTES of payload wait
 for their acknowledgement; `write` waits for room beyond that, so memory stays bounded
 while the server is slow or away.
@@ -39,20 +43,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.jsonlines import NewRowLines
 from pg2sink.changelog.records import Message, Modification, Operation, Record, Schema, Truncation
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.options import format_duration
+from pg2sink.sinks.delivery import Window
 from pg2sink.sinks.nats.client import Outgoing, Publisher
 from pg2sink.sinks.nats.config import NatsConfig, subject_problem
 from pg2sink.sinks.nats.payload import JsonPayload, Payload, payload_for
 from pg2sink.sinks.nats.subjects import MESSAGES, table_subject
 from pg2sink.sinks.nats.wire import NO_HEADERS, msg_id_header
+
+if TYPE_CHECKING:
+    from pg2sink.observability.stats import StreamStats
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +113,8 @@ class NatsSink:
         self._publisher: Publisher | None = None
         self._tables: dict[tuple[str, str], _Table] = {}
         self._messages_subject = f"{cfg.nats_subject_prefix}.{MESSAGES}".encode()
-        self._generation = 1
+        #: the generation, the checkpoints and the in-flight bound
+        self._window = Window(MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES)
         self._batch: list[Outgoing] = []
         #: the batch's length at which `_put` hands it over and checks for room: BATCH,
         #: or 1 after a batch was handed over early with no room left (see _submit)
@@ -113,10 +122,10 @@ class NatsSink:
         #: messages written in this generation, and their bytes
         self._written = 0
         self._written_bytes = 0
-        #: (messages written before it, lsn) of each checkpoint not yet acknowledged,
-        #: oldest first
-        self._checkpoints: deque[tuple[int, int]] = deque()
-        self._acknowledged: int | None = None
+        #: (messages written before it, lsn) of the checkpoints not yet taken into the
+        #: window (taken at each acknowledgement check: a commit of one change each costs
+        #: an append, not a call)
+        self._noted: list[tuple[int, int]] = []
         #: when the oldest message still waiting was handed over, if nothing waited then
         self._waiting_since = 0.0
         #: the JSON payloads of changes given by their fields (write_new_row), when the
@@ -134,6 +143,12 @@ class NatsSink:
             publisher.stop()
             raise
         self._publisher = publisher
+
+    def report_health(self, stats: StreamStats) -> None:
+        """Tell `stats` when the connection to NATS is lost and when it is back (GET
+        /status, pg2sink_sink_healthy)."""
+        if self._publisher is not None:
+            self._publisher.outages.report_to(stats.sink_outage)
 
     def close(self) -> None:
         """Wait (bounded) for the acknowledgements of what was written, then disconnect;
@@ -261,7 +276,7 @@ class NatsSink:
         if self._acked_count() == self._written - len(self._batch):
             self._waiting_since = time.monotonic()  # nothing waited: the clock starts
         early = len(self._batch) < self._batch_limit
-        publisher.submit(self._generation, self._batch)
+        publisher.submit(self._window.generation, self._batch)
         self._batch = []
         # A batch handed over before it filled (the stream asked for acknowledgements or
         # a flush: once per small transaction when pg2sink keeps up) skipped _put's room
@@ -272,11 +287,10 @@ class NatsSink:
 
     def _no_room(self) -> bool:
         """Whether MAX_IN_FLIGHT messages or MAX_IN_FLIGHT_BYTES wait for JetStream."""
-        count, size = self._acked()
-        return (
-            self._written - count > MAX_IN_FLIGHT
-            or self._written_bytes - size > MAX_IN_FLIGHT_BYTES
-        )
+        publisher = self._publisher
+        if publisher is None:
+            return False
+        return self._window.full(self._written, self._written_bytes, publisher.acked)
 
     def _wait_for_room(self) -> None:
         """Too much waits for acknowledgements: wait until there is room again (a server
@@ -289,11 +303,7 @@ class NatsSink:
     # -- acknowledgement -------------------------------------------------------------
 
     def checkpoint(self, lsn: int) -> None:
-        checkpoints = self._checkpoints
-        if checkpoints and checkpoints[-1][0] == self._written:
-            checkpoints[-1] = (self._written, lsn)  # no message since
-        else:
-            checkpoints.append((self._written, lsn))
+        self._noted.append((self._written, lsn))
         # Not handed over here: a commit of one change each would wake the loop thread,
         # and write to the socket, once per message. The batch goes at BATCH messages,
         # or when the stream asks for acknowledgements or a flush (each time it has
@@ -310,10 +320,9 @@ class NatsSink:
     def acknowledged(self) -> int | None:
         self._submit()
         acked = self._check()
-        checkpoints = self._checkpoints
-        while checkpoints and checkpoints[0][0] <= acked:
-            self._acknowledged = checkpoints.popleft()[1]
-        return self._acknowledged
+        window = self._window
+        window.take(self._noted)
+        return window.acknowledged(acked)
 
     def flush(self) -> int | None:
         if self._publisher is not None:
@@ -342,10 +351,7 @@ class NatsSink:
         """Messages of this generation acknowledged with no gap before them, and their
         payload bytes."""
         publisher = self._publisher
-        if publisher is None:
-            return 0, 0
-        generation, count, size = publisher.acked
-        return (count, size) if generation == self._generation else (0, 0)
+        return (0, 0) if publisher is None else self._window.own(publisher.acked)
 
     def _acked_count(self) -> int:
         return self._acked()[0]
@@ -361,7 +367,7 @@ class NatsSink:
         if publisher is None:
             return 0
         failure = publisher.failure
-        if failure is not None and failure[0] == self._generation:
+        if failure is not None and failure[0] == self._window.generation:
             self._restart()
             raise failure[1]
         acked = self._acked_count()
@@ -386,12 +392,11 @@ class NatsSink:
     def _restart(self) -> None:
         """Forget this generation's messages: PostgreSQL replays from the last confirmed
         position (whose Schema records come again, hence the tables too)."""
-        self._generation += 1
+        self._window.restart()
+        self._noted.clear()
         self._batch = []
         self._batch_limit = BATCH
         self._written = self._written_bytes = 0
-        self._checkpoints.clear()
-        self._acknowledged = None
         self._tables.clear()
 
 
