@@ -71,7 +71,6 @@ from pg2sink.subscription.loop import ChangeHandler, StopRequested, Streamer
 from pg2sink.subscription.reconnect import Reconnect
 from pg2sink.subscription.slot import (
     check_failover_server,
-    check_not_conflicting,
     enable_failover,
     ensure_slot,
     standby_nudge,
@@ -268,7 +267,6 @@ class StreamService:
                 failover=src.slot_failover,
                 nudge=standby_nudge(primary) if standby else None,
             )
-            check_not_conflicting(conn, src.slot)
             check_slot_valid(conn, src.slot)
             repl = self._start_replication(conn, stack)
             stats.set_server_position(server_position(conn, src.slot))

@@ -99,10 +99,12 @@ def slot_health(conn: psycopg.Connection[TupleRow], slot: str) -> SlotHealth | N
         return None
     wal_status, safe, conflicting, inactive_since, reason, failover, synced = row
     if reason is None and version < 170000:
-        if wal_status == "lost":
-            reason = "wal_removed"
-        elif conflicting:
+        # 16 reports a slot a recovery conflict invalidated as wal_status 'lost' too:
+        # `conflicting` tells the two apart
+        if conflicting:
             reason = "rows_removed or wal_level_insufficient (conflicting)"
+        elif wal_status == "lost":
+            reason = "wal_removed"
     return SlotHealth(
         wal_status=wal_status,
         safe_wal_size=int(safe) if safe is not None else None,
@@ -123,8 +125,20 @@ _CAUSES = {
 }
 
 
+#: reasons of a conflict with recovery (a slot on a standby; 16 says only `conflicting`)
+_CONFLICTS = ("rows_removed", "wal_level_insufficient")
+
+
 def invalidated_message(slot: str, reason: str) -> str:
     """The one line that stops pg2sink on an invalidated slot: the cause and the way back."""
+    if reason.startswith(_CONFLICTS):
+        return (
+            f"replication slot {slot} was invalidated by a conflict with recovery ({reason}): "
+            "the primary removed rows it still needed (a standby needs hot_standby_feedback = "
+            "on and primary_slot_name) or its wal_level dropped below logical; the slot can "
+            f"never stream again: drop it (pg2sink drop --slot {slot}, with the same --source "
+            "and --primary) and start pg2sink again, which re-imports every table"
+        )
     cause = _CAUSES.get(reason, reason)
     return (
         f"replication slot {slot} was invalidated by the server ({reason}: {cause}): it can "

@@ -17,7 +17,6 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.rows import TupleRow
 
-from pg2sink.catalog.standby import STANDBY_DECODING_VERSION
 from pg2sink.errors import ConfigError, ServerConfigError, SlotBusyError
 from pg2sink.logical.lsn import parse_lsn
 
@@ -187,35 +186,6 @@ def enable_failover(
         raise ServerConfigError(f"cannot make replication slot {name!r} a failover slot: {message}")
     log.info("replication slot %s is now a failover slot", name)
     return True
-
-
-def check_not_conflicting(conn: psycopg.Connection[TupleRow], name: str) -> None:
-    """ServerConfigError when the slot was invalidated by a conflict with recovery
-    (`pg_replication_slots.conflicting`, PostgreSQL 16+): on a standby, the primary
-    removed catalog rows the slot still needed, or its wal_level went below logical.
-    Such a slot never streams again; only a new slot (and a new import) goes on."""
-    if conn.info.server_version < STANDBY_DECODING_VERSION:
-        return
-    reason = (
-        "invalidation_reason"
-        if conn.info.server_version >= FAILOVER_VERSION
-        else "CASE WHEN conflicting THEN 'rows_removed or wal_level_insufficient' END"
-    )
-    row = conn.execute(
-        sql.SQL("SELECT conflicting, {} FROM pg_replication_slots WHERE slot_name = %s").format(
-            sql.SQL(reason)
-        ),
-        (name,),
-    ).fetchone()
-    if row is None or not row[0]:
-        return
-    raise ServerConfigError(
-        f"replication slot {name!r} was invalidated by a conflict with recovery ({row[1]}): "
-        "the primary removed rows it still needed (a standby needs hot_standby_feedback = on "
-        "and primary_slot_name) or its wal_level dropped below logical; the slot can never "
-        f"stream again: drop it (pg2sink drop --slot {name}, with the same --source and "
-        "--primary) and start pg2sink again, which re-imports every table"
-    )
 
 
 def standby_nudge(primary: psycopg.Connection[TupleRow]) -> Callable[[], None]:
