@@ -90,20 +90,21 @@ def slot_health(conn: psycopg.Connection[TupleRow], slot: str) -> SlotHealth | N
         for name, since in _HEALTH_COLUMNS
     ]
     row = conn.execute(
-        sql.SQL("SELECT {} FROM pg_replication_slots WHERE slot_name = %s").format(
-            sql.SQL(", ").join(columns)
-        ),
+        sql.SQL(
+            "SELECT {}, pg_is_in_recovery() FROM pg_replication_slots WHERE slot_name = %s"
+        ).format(sql.SQL(", ").join(columns)),
         (slot,),
     ).fetchone()
     if row is None:
         return None
-    wal_status, safe, conflicting, inactive_since, reason, failover, synced = row
+    wal_status, safe, conflicting, inactive_since, reason, failover, synced, standby = row
     if reason is None and version < 170000:
-        # 16 reports a slot a recovery conflict invalidated as wal_status 'lost' too:
-        # `conflicting` tells the two apart
-        if conflicting:
+        # 16's `conflicting` is true for a logical slot invalidated for any reason, and
+        # its wal_status reads 'lost' either way: on a primary (no recovery conflicts)
+        # the WAL was removed; on a standby a conflict is what invalidates slots
+        if conflicting and standby:
             reason = "rows_removed or wal_level_insufficient (conflicting)"
-        elif wal_status == "lost":
+        elif conflicting or wal_status == "lost":
             reason = "wal_removed"
     return SlotHealth(
         wal_status=wal_status,
