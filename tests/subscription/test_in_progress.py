@@ -321,7 +321,10 @@ def test_streamed_transactions_through_the_kafka_sink(
     assert ids_read == [*range(1, 4001), *range(6001, 8001), -1]
     assert [v["sequence"] for v in values[:6000]] == list(range(6000))
     assert len({v["xid"] for v in values[:6000]}) == 1
-    assert streamed_transactions(db) >= 2
+    # PostgreSQL 18 no longer streams a transaction that has already aborted when the
+    # walsender decodes it (ReorderBufferCheckAndTruncateAbortedTXN): the rolled-back one
+    # is streamed only when pg2sink kept up with it, the committed one always
+    assert streamed_transactions(db) >= (2 if conn.info.server_version < 180000 else 1)
     assert spill_files(spill) == []
 
 
