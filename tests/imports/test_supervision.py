@@ -41,6 +41,18 @@ pytestmark = pytest.mark.slow
 TABLES = {"public.single", "public.composite", "public.nokey"}
 
 
+def stop_after_writes(
+    db: Database, proc: Pg2Sink, writer: consistency.Writer
+) -> tuple[str, list[str]]:
+    """The writer's writes all confirmed, pg2sink stopped cleanly: its stderr and the lines
+    that say a Spark session was lost and replaced."""
+    assert writer.error is None, writer.error
+    wait_confirmed(db, proc)
+    assert proc.stop() == 0
+    err = proc.stderr()
+    return err, [line for line in err.splitlines() if "starting a new Spark session" in line]
+
+
 def partitions_done(db: Database, table: str) -> tuple[int, int]:
     """(done, all) partitions of the table's live job; (0, 0) before it has any."""
     schema, name = table.split(".")
@@ -85,11 +97,7 @@ def test_driver_jvm_killed_mid_import_completes_on_a_new_session(
     finally:
         writer.stop.set()
         writer.join(30)
-    assert writer.error is None, writer.error
-    wait_confirmed(db, proc)
-    assert proc.stop() == 0
-    err = proc.stderr()
-    lost = [line for line in err.splitlines() if "starting a new Spark session" in line]
+    err, lost = stop_after_writes(db, proc, writer)
     assert len(lost) == 1, err
     assert f"Spark's driver JVM (pid {jvm}) was killed by signal 9" in lost[0]
     assert "Traceback" not in err, err
@@ -204,11 +212,7 @@ def test_the_workers_and_the_master_killed_mid_import_complete_on_a_new_session(
     finally:
         writer.stop.set()
         writer.join(30)
-    assert writer.error is None, writer.error
-    wait_confirmed(db, proc)
-    assert proc.stop() == 0
-    err = proc.stderr()
-    lost = [line for line in err.splitlines() if "starting a new Spark session" in line]
+    err, lost = stop_after_writes(db, proc, writer)
     assert lost, err
     assert f"the Spark master {own_cluster.url} stopped accepting connections" in lost[0]
     assert "Traceback" not in err, err
