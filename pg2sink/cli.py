@@ -31,6 +31,10 @@ from pg2sink.sinks import registry
 
 log = logging.getLogger(__name__)
 
+#: the PG2SINK_ variables read outside the options: the encoders' choice, where the
+#: services and the Spark class archive are cached
+_OTHER_VARIABLES = ("PG2SINK_IMPL", "PG2SINK_SERVICES_CACHE", "PG2SINK_SPARK_CLASS_CACHE")
+
 COMMANDS = ("stream", "drop", "status", "migrate", "import", "relay", "replay")
 EXIT_USAGE = 2
 
@@ -257,6 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _cmodule.check()  # PG2SINK_IMPL is checked like the flags' variables
         log_config: LogConfig = options.build(LogConfig, args)
         logs.setup(log_config.log_level, log_config.log_format)
+        for line in options.unknown_variables(os.environ, _OTHER_VARIABLES):
+            log.warning("%s", line)
         if args.command == "status":
             from pg2sink import status as status_cmd
 

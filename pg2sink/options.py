@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pg2sink import logs
@@ -277,9 +278,14 @@ def _shown_default(opt: Option) -> str:
     return f" (default: {opt.flag.show(default)})"
 
 
+#: every PG2SINK_ variable an option added to a parser reads (unknown_variables)
+_VARIABLES: dict[str, str] = {}
+
+
 def add_option(group: argparse._ArgumentGroup, opt: Option) -> None:
     """One option: its default is its variable's text, if set (argparse converts it
     like a flag's), else None, which `build` reads as "the field's default"."""
+    _VARIABLES[opt.env] = opt.name
     kwargs: dict[str, Any] = {"dest": opt.field.name, "metavar": opt.flag.metavar}
     env_text = _from_env(opt.env)
     default: Any = env_text
@@ -293,6 +299,22 @@ def add_option(group: argparse._ArgumentGroup, opt: Option) -> None:
         kwargs.update(action=_Once, type=_checked(opt), choices=opt.flag.choices)
     help = f"{opt.flag.help}{_shown_default(opt)} [env: {opt.env}]"
     group.add_argument(*opt.names, default=default, help=help, **kwargs)
+
+
+def unknown_variables(environ: Mapping[str, str], other: Iterable[str] = ()) -> list[str]:
+    """A warning per PG2SINK_ variable that no option added so far (nor `other`, the
+    variables read outside the options) reads, naming the closest known one: a typo
+    (PG2SINK_SLOTT) would otherwise leave the option at its default in silence."""
+    known = {**dict.fromkeys(other, ""), **_VARIABLES}
+    lines = []
+    for name in sorted(n for n in environ if n.startswith("PG2SINK_") and n not in known):
+        # compared without the prefix every name shares, which would make any two close
+        close = difflib.get_close_matches(name[8:], [k[8:] for k in known], n=1, cutoff=0.6)
+        match = "PG2SINK_" + close[0] if close else ""
+        flag = f", {known[match]}" if close and known[match] else ""
+        hint = f" (did you mean {match}{flag}?)" if close else ""
+        lines.append(f"environment variable {name} is not a pg2sink setting{hint}; it is ignored")
+    return lines
 
 
 def add_options(
