@@ -164,6 +164,8 @@ def _add_source_commands(sub: Any) -> None:
         "role and what it lacks, and the import jobs, read from PostgreSQL.",
     )
     options.add_options(status, _SOURCE, list(Group))
+    # the stream's routing rules, so status can say which of them match nothing
+    options.add_options(status, options.options_of(RoutingConfig), list(Group))
     status.add_argument("--json", action="store_true", help="print one JSON object")
     options.add_options(status, _LOGGING, list(Group))
     migrate = sub.add_parser(
@@ -266,7 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "status":
             from pg2sink import status as status_cmd
 
-            result = status_cmd.collect(_source_config(args))
+            rules = options.build(RoutingConfig, args).rules()
+            result = status_cmd.collect(_source_config(args), rules)
             if args.json:
                 print(json.dumps(status_cmd.as_json(result), indent=2))
             else:

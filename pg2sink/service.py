@@ -54,7 +54,7 @@ from pg2sink.publication.generated import check_generated_server
 from pg2sink.publication.manager import PublicationManager, Reconciliation
 from pg2sink.publication.patterns import TableFilter
 from pg2sink.publication.published import Table
-from pg2sink.routing.check import check_tables
+from pg2sink.routing.check import check_tables, unmatched_rules
 from pg2sink.routing.outbox import check_sink, publisher_for
 from pg2sink.routing.stage import RoutingStage
 from pg2sink.sinks import registry
@@ -441,6 +441,10 @@ class StreamService:
         # member at the first reconcile, then the tables that join)
         routed = rec.joined if self._routes_checked else rec.members
         check_tables(manager.conn, Catalog(manager.conn), self.rules, [t.oid for t in routed])
+        members = [t.oid for t in rec.members]
+        strict = self.cfg.routing.strict_routing
+        for line in unmatched_rules(manager.conn, self.rules, members, strict=strict):
+            log.warning("%s", line)
         self._routes_checked = True
         if self.gate is not None and rec.joined:
             for t in rec.joined:
