@@ -129,7 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stream as `pg2sink stream` does, from the slot's confirmed position, "
         "leaving out the changes before --since (a duration before now, or an LSN): with "
         "--wal-retain, the slot keeps that window (docs/replay.md). Stop the running "
-        "stream first; replay goes on streaming.",
+        "stream first; replay goes on streaming, and leaves the slot where it was "
+        "(--advance-slot: confirms as the stream does), so the window can be replayed again.",
+    )
+    replay.add_argument(
+        "--advance-slot",
+        action="store_true",
+        help="confirm what the sink holds to the slot, as `pg2sink stream` does (with "
+        "--wal-retain, the window behind it); default: the slot stays where it was",
     )
     replay.add_argument(
         "--since",
@@ -314,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pg2sink.replay import parse_point, run_replay
 
             point = parse_point(args.since)
-            run_replay(_stream_config(args), point)
+            run_replay(_stream_config(args), point, advance_slot=args.advance_slot)
             return 0
         from pg2sink.service import run_stream
 

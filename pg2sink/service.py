@@ -114,6 +114,9 @@ class StreamService:
 
     #: how a session's sink is made (`pg2sink replay` wraps it: pg2sink/replay.py)
     make_sink = staticmethod(make_sink)
+    #: whether sessions confirm to the slot what the sink holds (`pg2sink replay` does
+    #: not unless told: the window stays for the next replay)
+    advances_slot = True
 
     def __init__(self, cfg: StreamConfig) -> None:
         if cfg.routing.outbox and not cfg.decode_only:
@@ -286,6 +289,7 @@ class StreamService:
                 poll_interval=self.cfg.publication_poll_interval,
                 poll=poll,
                 confirm=out is None,
+                advance=self.advances_slot,
                 stop=self.stop,
                 stats=stats,
                 wal_retain=self.cfg.wal_retain,
