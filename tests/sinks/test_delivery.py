@@ -9,8 +9,7 @@ import pytest
 
 from pg2sink.observability.stats import StreamStats
 from pg2sink.retry import Backoff, bounded_wait
-from pg2sink.sinks.delivery import Acks, Outages, Window
-from pg2sink.sinks.nats.sent import Sent
+from pg2sink.sinks.delivery import Acks, Outages, Sent, Window
 
 
 class FakeClock:
@@ -202,7 +201,7 @@ def test_the_nats_acks_count_runs_and_single_acks_in_any_order_without_gaps() ->
     longest acknowledged prefix, and its bytes those of that prefix."""
     for seed in range(300):
         rng = random.Random(seed)
-        sent, acked = Sent(), set[int]()
+        sent, acked = Sent[tuple[bytes, bytes, bytes]](), set[int]()
         sizes: list[int] = []
         for _ in range(rng.randrange(20, 200)):
             step = rng.random()
