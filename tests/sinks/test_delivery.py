@@ -4,12 +4,14 @@ policy (pg2sink/retry.py) and the delivery engine (pg2sink/sinks/delivery/)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 
+from pg2sink.errors import SinkError
 from pg2sink.observability.stats import StreamStats
 from pg2sink.retry import Backoff, bounded_wait
-from pg2sink.sinks.delivery import Acks, Outages, Sent, Window
+from pg2sink.sinks.delivery import Acks, Outages, Outbox, Sent, Window
 
 
 class FakeClock:
@@ -156,6 +158,75 @@ def test_random_interleavings_never_confirm_past_what_the_server_acknowledged() 
         last = [m for g, _, m in marks if g == generation]
         if last:
             assert final == last[-1], seed
+
+
+class _ClientThread:
+    """The client thread's side as the NATS client keeps it (the engine's Sent), its
+    server's acknowledgements given by the test: what Outbox sees of a client."""
+
+    def __init__(self) -> None:
+        self.sent: Sent[int] = Sent()
+        self.generation = 0
+        self.acked = (0, 0, 0)
+        self.failure: tuple[int, SinkError] | None = None
+
+    def submit(self, generation: int, batch: Sequence[int]) -> None:
+        if generation != self.generation:  # a replay: the older generation's are dropped
+            self.generation = generation
+            self.sent.clear()
+        self.sent.keep(list(batch), [1] * len(batch))
+
+    def acknowledge(self, serial: int) -> None:
+        if self.sent.acknowledge(serial):
+            self.acked = (self.generation, self.sent.count, self.sent.size)
+
+
+def test_an_outbox_never_confirms_past_what_the_server_acknowledged() -> None:
+    """The sink thread's side the message sinks share (Outbox), driven with random
+    writes, checkpoints, acknowledgement checks, acknowledgements in any order, a
+    failure of the server and the replay after it (seeded, many rounds): what it
+    confirms is never above the highest checkpoint whose every earlier message of its
+    generation the server acknowledged, and once all is acknowledged it is the last."""
+    for seed in range(300):
+        rng = random.Random(seed)
+        outbox: Outbox[int] = Outbox(rng.choice((1, 4, 16)), 1 << 30, 1 << 30)
+        client = outbox.client = _ClientThread()
+        written, lsn, confirmed = 0, 0, 0
+        marks: list[tuple[int, int, int]] = []  # (generation, written before, lsn)
+        acked: set[tuple[int, int]] = set()  # (generation, serial) the server acknowledged
+        for _ in range(rng.randrange(50, 400)):
+            step = rng.random()
+            generation = outbox._window.generation
+            if step < 0.35:
+                outbox.put(written, 1)
+                written += 1
+            elif step < 0.5:
+                lsn += rng.randrange(1, 100)
+                outbox.checkpoint(lsn)
+                marks.append((generation, written, lsn))
+            elif step < 0.85 and client.sent.sent > client.sent.count:
+                serial = rng.randrange(client.sent.count, client.sent.sent)
+                acked.add((client.generation, serial))
+                client.acknowledge(serial)
+            elif step < 0.87:
+                client.failure = (generation, SinkError("refused"))
+                with pytest.raises(SinkError):
+                    outbox.acknowledged()
+                written = 0  # PostgreSQL replays from the last confirmed position
+                continue
+            got = outbox.acknowledged()
+            truth = max(
+                (m for g, w, m in marks if all((g, s) in acked for s in range(w))), default=0
+            )
+            assert got is None or got <= truth, (seed, got, truth)
+            assert got is None or got >= confirmed, seed  # never backwards
+            confirmed = max(confirmed, got or 0)
+        outbox.acknowledged()  # hands the last batch over
+        for serial in range(client.sent.count, client.sent.sent):
+            client.acknowledge(serial)
+        last = [m for g, _, m in marks if g == outbox._window.generation]
+        if last and written:
+            assert outbox.acknowledged() == last[-1], seed
 
 
 # --- outages and health --------------------------------------------------------------------
