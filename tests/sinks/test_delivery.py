@@ -11,7 +11,8 @@ import pytest
 from pg2sink.errors import SinkError
 from pg2sink.observability.stats import StreamStats
 from pg2sink.retry import Backoff, bounded_wait
-from pg2sink.sinks.delivery import Acks, Outages, Outbox, Sent, Window
+from pg2sink.sinks.delivery import Acks, Marks, Outages, Outbox, Sent, Window
+from pg2sink.sinks.kafka.acks import Checkpoints
 
 
 class FakeClock:
@@ -227,6 +228,60 @@ def test_an_outbox_never_confirms_past_what_the_server_acknowledged() -> None:
         last = [m for g, _, m in marks if g == outbox._window.generation]
         if last and written:
             assert outbox.acknowledged() == last[-1], seed
+
+
+def test_the_kinesis_and_kafka_bookkeeping_never_confirm_past_what_was_acknowledged() -> None:
+    """The other message sinks' use, driven the same random way (seeded, many rounds):
+    Kinesis notes Marks by the entries written and asks them with the entries stored in
+    order (its sender puts one request at a time), forgetting them when its queue is
+    dropped for a replay; Kafka's Checkpoints are acknowledged by a drain, which its sink
+    sees only once every message produced is delivered (in any order), and start anew
+    after a failure. Neither confirms a checkpoint before every message written before
+    it is stored."""
+    for seed in range(300):
+        rng = random.Random(seed)
+        marks, written, stored, lsn = Marks(), 0, 0, 0
+        kinesis: list[tuple[int, int]] = []  # (written before, lsn) of this generation
+        kafka, produced, delivered = Checkpoints(), 0, set[int]()
+        kafka_marks: list[tuple[int, int]] = []
+        best = kafka_best = 0
+        for _ in range(rng.randrange(50, 400)):
+            step = rng.random()
+            if step < 0.35:
+                written += 1
+                produced += 1
+            elif step < 0.5:
+                lsn += rng.randrange(1, 100)
+                marks.checkpoint(written, lsn)
+                kinesis.append((written, lsn))
+                kafka.checkpoint(lsn)
+                kafka_marks.append((produced, lsn))
+            elif step < 0.8:
+                stored = rng.randrange(stored, written + 1)  # a request stored, in order
+                if produced:
+                    delivered.add(rng.randrange(produced))
+            elif step < 0.82:
+                marks.forget()  # the queue dropped: the replay writes it again
+                written = stored = 0
+                kinesis.clear()
+                kafka, produced = Checkpoints(), 0  # a failure: the sink starts anew
+                delivered.clear()
+                kafka_marks.clear()
+                kafka_best = 0
+            if len(delivered) == produced:  # the producer is seen empty
+                kafka.drained()
+            # what could be confirmed: the highest checkpoint ever acknowledged in full
+            # (one of an older generation stays confirmed)
+            best = max([best, *(m for w, m in kinesis if w <= stored)])
+            got = marks.acknowledged(stored)
+            assert got is None or got <= best, (seed, got, best)
+            kafka_best = max(
+                [kafka_best, *(m for p, m in kafka_marks if delivered >= set(range(p)))]
+            )
+            got = kafka.acknowledged()
+            assert got is None or got <= kafka_best, (seed, got, kafka_best)
+            if len(delivered) == produced and kafka_marks:
+                assert got == kafka_marks[-1][1], seed
 
 
 # --- outages and health --------------------------------------------------------------------
