@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pg2sink import __version__, logs, options
+from pg2sink import __version__, configfile, logs, options
 from pg2sink.changelog import _cmodule
 from pg2sink.config import Group, LogConfig, SourceConfig, StreamConfig
 from pg2sink.errors import ConfigError, Pg2SinkError
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 #: services and the Spark class archive are cached
 _OTHER_VARIABLES = ("PG2SINK_IMPL", "PG2SINK_SERVICES_CACHE", "PG2SINK_SPARK_CLASS_CACHE")
 
-COMMANDS = ("stream", "drop", "status", "migrate", "import", "relay", "replay")
+COMMANDS = ("stream", "drop", "status", "migrate", "import", "relay", "replay", "config")
 EXIT_USAGE = 2
 
 # kept under their old names: tests and main() read a parsed namespace through them
@@ -145,6 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the changes committed at most DURATION ago (10m, 1h), or at or after LSN",
     )
     options.add_options(replay, _STREAM, _STREAM_GROUPS)
+    config = sub.add_parser(
+        "config",
+        help="check a configuration file, or show the effective settings, then exit",
+        description="`config check FILE`: read FILE (TOML) and check every setting as "
+        "`pg2sink stream` would, without connecting. `config show [OPTIONS]`: print the "
+        "settings `pg2sink stream` would run with (--config's file, PG2SINK_ variables, "
+        "flags), secrets hidden (docs/configuration.md).",
+    )
+    actions = config.add_subparsers(dest="config_action", required=True, metavar="ACTION")
+    check = actions.add_parser("check", help="check FILE without connecting")
+    check.add_argument("file", metavar="FILE", help="the TOML file")
+    options.add_options(check, _LOGGING, list(Group))
+    show = actions.add_parser("show", help="print the effective settings, secrets hidden")
+    options.add_options(show, _STREAM, _STREAM_GROUPS)
     _add_source_commands(sub)
     relay_command.add_parser(sub, _SINKS, _SINK_GROUPS, _LOGGING)
     return parser
@@ -262,10 +276,29 @@ def _normalise_argv(argv: Sequence[str]) -> list[str]:
     return args
 
 
+def _read_config_file(words: list[str]) -> None:
+    """--config FILE (or `config check FILE`): its values become the options' defaults
+    for the parser built next; its secrets are redacted from then on."""
+    path = configfile.config_path(words, os.environ)
+    if words[:2] == ["config", "check"] and len(words) > 2:
+        path = words[2]
+    if path is None:
+        return
+    build_parser()  # adds every option: the file's keys
+    settings = configfile.load(path, options.file_keys())
+    for secret in settings.secrets:
+        options.add_secret(secret)
+    if settings.password is not None and "PGPASSWORD" not in os.environ:
+        os.environ["PGPASSWORD"] = settings.password  # libpq's and the imports' password
+    options.use_file_values({n: (v.text, v.where) for n, v in settings.values.items()})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = _normalise_argv(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(_normalise_argv(sys.argv[1:] if argv is None else argv))
+        _read_config_file(words)
+        parser = build_parser()
+        args = parser.parse_args(words)
         _switches_from_env(args)
         _cmodule.check()  # PG2SINK_IMPL is checked like the flags' variables
         log_config: LogConfig = options.build(LogConfig, args)
@@ -317,6 +350,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in run_drop(_source_config(args)):
                 print(line)
             return 0
+        if args.command == "config":
+            from pg2sink.configshow import config_command
+
+            return config_command(args, parser, _stream_config)
         if args.command == "replay":
             from pg2sink.replay import parse_point, run_replay
 

@@ -45,6 +45,7 @@ class Group(StrEnum):
     IMPORTS = "imports (docs/imports.md)"
     SPARK = "import runner (Spark)"
     LOGGING = "logging"
+    CONFIG = "configuration file (docs/configuration.md)"
 
 
 @dataclass(frozen=True)
@@ -407,3 +408,10 @@ class LogConfig:
         "text", group=Group.LOGGING, help="log line format", choices=("text", "json")
     )
     """'text' (one readable line) or 'json' (one JSON object per line)."""
+    config: str | None = flag(
+        None,
+        group=Group.CONFIG,
+        help='read settings from this TOML file (a key per option: slot = "s"); flags '
+        "and PG2SINK_ variables win over it",
+        metavar="FILE",
+    )

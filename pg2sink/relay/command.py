@@ -39,7 +39,7 @@ def add_parser(sub: Any, sinks: list[Option], groups: list[str], logging: list[O
     options.add_options(
         relay,
         [*options.options_of(RelayConfig), *_SINK, *sinks, *logging],
-        [GROUP, Group.SINK, *groups, Group.LOGGING],
+        [GROUP, Group.SINK, *groups, Group.LOGGING, Group.CONFIG],
     )
 
 
