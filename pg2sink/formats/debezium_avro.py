@@ -191,8 +191,6 @@ class DebeziumAvroFormat:
     --debezium-avro: each table shape's key and value schemas registered, then the wire
     format."""
 
-    json_values = False  # the encoder reads both value forms (formats/base.py)
-
     def __init__(self, origin: Origin, registry: SchemaRegistry) -> None:
         self._encoder = DebeziumEncoder(origin)
         self.registry = registry

@@ -31,6 +31,7 @@ SINK_REPORT = """
 import json, sys
 from datetime import datetime, timezone
 from pg2sink.changelog import _cmodule
+from pg2sink.changelog.builder import TableShape
 from pg2sink.changelog.records import Schema
 from pg2sink.sinks.kafka.config import KafkaConfig
 from pg2sink.sinks.kafka.sink import KafkaSink
@@ -46,7 +47,7 @@ sink = KafkaSink(KafkaConfig(bootstrap, schema_registry_url=registry, topic_pref
 sink.open()
 try:
     sink.write(Schema(datetime.now(timezone.utc), 1, "public", "t", row, primary_key=("id",)))
-    raw = sink.raw_row_writer("public", "t")
+    raw = sink.row_writer(TableShape("public", "t", (), ()))
 finally:
     sink.close()
 print(json.dumps({

@@ -95,9 +95,7 @@ def test_messages_are_pgoutputs_and_encode_as_the_python_path(db: Database) -> N
         return encoder.encode_key(m.after, KEY_HEADER), encoder.encode_value(m, VALUE_HEADER)
 
     reference: list[tuple[bytes | None, bytes]] = []
-    count = write_modifications(
-        table, iter(batches), False, lambda m: reference.append(python_path(m))
-    )
+    count = write_modifications(table, iter(batches), lambda m: reference.append(python_path(m)))
     assert count == len(rows)
 
     out: list[tuple[bytes | None, bytes]] = []

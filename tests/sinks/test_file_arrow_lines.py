@@ -207,7 +207,7 @@ def write(job: ImportTable, batches: list[pa.RecordBatch], path: Path, vectorise
 def stream_lines(job: ImportTable, rows: list[list[str | None]]) -> bytes:
     """The lines the stream's FileSink writes for the rows decoded one by one."""
     names = tuple(f["pg.column"] for f in job.schema.schema["fields"])
-    decoder = RowDecoder(names, job.converters(json_values=True))
+    decoder = RowDecoder(names, job.converters(to_json=True))
     s = job.schema
     return b"".join(
         record_line(

@@ -1,6 +1,6 @@
 """Modifications of one table -> an Arrow table of its raw table's columns.
 
-The sink's rows hold the stream's Python values (json_values False: Decimal, datetime,
+The sink's rows hold the stream's Python values (records.py: Decimal, datetime,
 date, time, bytes, lists...), which Arrow takes as they are, typed by the column's DuckDB
 type. A value the DuckDB type cannot hold (docs/types.md: `PgText` for infinity, BC and
 after-9999 dates and timestamps, time 24:00:00, NaN in numeric(p,s), an array with other

@@ -50,7 +50,6 @@ class FileImportTarget:
     """The file sink's ImportTarget (sinks/base.py): the JSON-lines file's path."""
 
     path: str
-    json_values = True
 
     def problem(self) -> str | None:
         if self.path == "-":
@@ -90,7 +89,7 @@ class FileImportWriter:
         every batch on the reference path."""
         self.path = path
         self.table = table
-        self._decoder = BatchDecoder(table, json_values=True)
+        self._decoder = BatchDecoder(table, to_json=True)
         self._lines: LineBuilder | None = None
         if vectorised:
             from pg2sink.sinks.file.arrow_lines import LineBuilder

@@ -76,9 +76,6 @@ class TableFormat(Protocol):
 class Format(Protocol):
     """Makes a TableFormat from a table's Schema record and its topic."""
 
-    #: whether row values should reach the sink in their JSON form (Sink.json_values)
-    json_values: bool
-
     def table(self, schema: Schema, topic: str) -> TableFormat: ...
 
     def close(self) -> None: ...
@@ -109,8 +106,6 @@ class _AvroTable:
 
 class AvroFormat:
     """--format avro: registers each table shape, then writes the wire format."""
-
-    json_values = False
 
     def __init__(self, registry: SchemaRegistry) -> None:
         self.registry = registry
@@ -146,8 +141,6 @@ class _JsonTable:
 class JsonFormat:
     """--format json: the file sink's JSON, no registry."""
 
-    json_values = True
-
     def table(self, schema: Schema, topic: str) -> TableFormat:
         # Schema.primary_key is in key order; the row record's list in table order
         key_columns = tuple(schema.primary_key or schema.schema.get("pg.primary_key") or ())
@@ -169,8 +162,6 @@ class _EncoderTable:
 class EncoderFormat:
     """A formats/ encoder's messages (--format pg-kinesis, wal-listener, psql-streamer,
     debezium); no registry."""
-
-    json_values = False  # the encoders read both value forms (formats/base.py)
 
     def __init__(self, encoder: Encoder) -> None:
         self._encoder = encoder

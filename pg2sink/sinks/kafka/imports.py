@@ -51,10 +51,6 @@ class KafkaImportTarget:
     schema_ids: tuple[tuple[str, int], ...] = ()
     """Avro: the (subject, id) pairs the driver registered in `begin`."""
 
-    @property
-    def json_values(self) -> bool:
-        return self.cfg.format == "json"
-
     def problem(self) -> str | None:
         return None
 
@@ -110,14 +106,12 @@ class KafkaImportTarget:
             s = table.schema
             # the stream's C encoder of new rows (Avro), fed the pgoutput messages of the
             # batches' text; None: the table or process takes the Python path
-            raw = sink.raw_row_writer(s.namespace, s.name)
+            raw = sink.row_writer(table.shape())
             # start_flush after each batch serves delivery reports as we go
             if raw is not None:
                 seq = write_raw(table, batches, raw, sink.write, sink.start_flush)
             else:
-                seq = write_modifications(
-                    table, batches, self.json_values, sink.write, sink.start_flush
-                )
+                seq = write_modifications(table, batches, sink.write, sink.start_flush)
             wait_acknowledged(sink, f"the import's messages of {s.namespace}.{s.name}")
         finally:
             sink.close()

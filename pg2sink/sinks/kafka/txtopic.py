@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pg2sink.changelog.builder import RawRowWriter
+from pg2sink.changelog.builder import RowWriter, TableShape
 from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Modification, Operation, Record
 from pg2sink.sinks.kafka.config import KafkaConfig
@@ -42,14 +42,15 @@ class TransactionTopicKafkaSink(KafkaSink):
             self._transactions.count(record.namespace, record.name)
         super().write(record)
 
-    def raw_row_writer(self, namespace: str, name: str) -> RawRowWriter | None:
+    def row_writer(self, table: TableShape) -> RowWriter | None:
         """The base writer, counting the changes it takes (one it declines comes back
         through write())."""
-        inner = super().raw_row_writer(namespace, name)
+        inner = super().row_writer(table)
         if inner is None:
             return None
         begin = self._transactions.begin
         count = self._transactions.count
+        namespace, name = table.namespace, table.name
 
         def write(
             data: bytes, commit_time: datetime, sequence: int, lsn: int, xid: int, op: Operation

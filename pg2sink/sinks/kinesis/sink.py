@@ -98,7 +98,9 @@ _RETRYABLE_CODES = frozenset(
 class KinesisSink:
     """Sink putting records to a Kinesis data stream; see the module docstring."""
 
-    json_values = True
+    #: records are written as pg2sink's JSON (relay: a JSON topic's values, in their JSON
+    #: form, can be written here as they are)
+    writes_json = True
 
     def __init__(
         self,

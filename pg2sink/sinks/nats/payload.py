@@ -26,9 +26,6 @@ __all__ = ["FormatPayload", "JsonPayload", "Payload", "payload_for"]
 class Payload(Protocol):
     """The bytes of each record kind's message."""
 
-    #: whether row values should reach the sink in their JSON form (Sink.json_values)
-    json_values: bool
-
     def learn(self, s: Schema) -> None:
         """Take a table's shape (its changes that follow are encoded by it)."""
         ...
@@ -42,8 +39,6 @@ class Payload(Protocol):
 
 class JsonPayload:
     """The record's JSON line without the newline."""
-
-    json_values = True
 
     def learn(self, s: Schema) -> None:
         pass  # the JSON line needs no table shape
