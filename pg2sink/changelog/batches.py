@@ -9,7 +9,7 @@ values a streamed row of the same text holds. A sink's import writer
 (sinks/<name>/imports.py) encodes them as it encodes the stream's rows.
 
 A sink whose stream encodes new rows straight from pgoutput's bytes (the Kafka sink's C
-encoder, changelog.avro_native) skips the Python values: `insert_messages` builds each
+encoder, formats.avro_native) skips the Python values: `insert_messages` builds each
 row's pgoutput Insert message from the batch with Arrow kernels, and `write_raw` hands
 them to the sink's raw row writer, as the stream's builder does (measured, bench-import's
 6 columns: 1.6 us of Python per row instead of 11.6 us; docs/imports.md).

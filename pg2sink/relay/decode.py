@@ -22,7 +22,7 @@ value outside T's domain, written as PostgreSQL's text) is a PgText, an unconstr
 numeric's string a Decimal, a uuid a str, an unchanged TOASTed field UNCHANGED_TOAST.
 
 JSON (--format json, and the schema and message topics): a message is a record's JSON
-line (changelog/jsonlines.py) without its newline; `json_record` reads it back with the
+line (formats/jsonlines.py) without its newline; `json_record` reads it back with the
 values in their JSON form (ValueCodec.to_json's), the commit time a datetime.
 A `before` image whose columns are null but the key's is the old key PostgreSQL sends
 for REPLICA IDENTITY DEFAULT: only the key columns, as the stream has it (Avro cannot tell
@@ -43,10 +43,10 @@ from uuid import UUID
 import fastavro
 
 from pg2sink.changelog.codecs import Kind, kind_of
-from pg2sink.changelog.jsonenc import loads
 from pg2sink.changelog.pgvalues import PgText
 from pg2sink.changelog.records import Message, Modification, Operation, Schema, Truncation
 from pg2sink.errors import SinkError
+from pg2sink.formats.jsonenc import loads
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.registry.wire import MAGIC_BYTE
 

@@ -153,7 +153,7 @@ def run_unbuilt(root: Path, code: str, *args: str, **env: str) -> subprocess.Com
 def test_without_the_extension_unset_means_python(unbuilt: Path) -> None:
     res = run_unbuilt(
         unbuilt,
-        "import pg2sink.changelog.avro_native, pg2sink.changelog._cmodule as m;"
+        "import pg2sink.formats.avro_native, pg2sink.changelog._cmodule as m;"
         " print(m.__file__, m.IMPL, m.built())",
     )
     assert res.returncode == 0, res.stderr

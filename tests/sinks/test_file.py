@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pg2sink.changelog.jsonlines import NewRowLines, record_line
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.errors import SinkError
+from pg2sink.formats.jsonlines import NewRowLines, record_line
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.file import FileSink, append_lines
 from tests.conftest import wait_for

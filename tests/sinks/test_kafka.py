@@ -39,10 +39,10 @@ from pg2sink.changelog.builder import TableShape
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.config import Settings
 from pg2sink.errors import ConfigError, SinkError
+from pg2sink.formats.kafka import modification_json
 from pg2sink.sinks.file import FileSink
 from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.config import KafkaConfig
-from pg2sink.sinks.kafka.formats import modification_json
 from pg2sink.sinks.kafka.producer import producer_settings
 from pg2sink.sinks.kafka.sink import KafkaSink
 from pg2sink.sinks.kafka.topics import TopicRouter, topic_name

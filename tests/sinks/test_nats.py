@@ -31,8 +31,6 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pg2sink.catalog.types import PgType
 from pg2sink.changelog.batches import ImportTable
 from pg2sink.changelog.builder import TableShape
-from pg2sink.changelog.jsonenc import loads
-from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import (
     Message,
     Modification,
@@ -43,6 +41,8 @@ from pg2sink.changelog.records import (
 )
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.formats.jsonenc import loads
+from pg2sink.formats.jsonlines import record_line
 from pg2sink.imports import jobs
 from pg2sink.imports.spark import ImportTask, SparkRunner
 from pg2sink.logical import encode

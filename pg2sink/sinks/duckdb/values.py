@@ -25,9 +25,9 @@ from decimal import Decimal
 from functools import cache
 from typing import TYPE_CHECKING
 
-from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.pgvalues import PgArray, PgText
 from pg2sink.changelog.records import Modification
+from pg2sink.formats.jsonenc import dumps
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.duckdb.layout import Layout, raw_columns
 

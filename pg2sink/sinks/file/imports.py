@@ -11,7 +11,7 @@ little left to write, and new lines go to pages the kernel has just freed.
 Every append goes through `append_lines` (append.py), as the stream's FileSink does, so
 executors and the stream share the file and no line glues to a torn one. A batch's
 lines are built column-wise by Arrow kernels (arrow_lines.py, no Python object per value
-for the common types) around the constant parts of the line (changelog/jsonlines.py
+for the common types) around the constant parts of the line (formats/jsonlines.py
 `import_envelope`); a batch Arrow cannot build (lines beyond a string array's 2 GiB)
 goes through the reference path: the stream's own `record_line` per row.
 """
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pg2sink.changelog.batches import BatchDecoder, ImportTable
-from pg2sink.changelog.jsonlines import import_envelope, record_line, schema_line
 from pg2sink.changelog.records import Schema
 from pg2sink.errors import SinkError
+from pg2sink.formats.jsonlines import import_envelope, record_line, schema_line
 from pg2sink.sinks.file.append import append_lines
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ Records are appended to a file (or standard output for '-'). A Schema line
 precedes the first Modification of each table and every change of its shape
 (the changelog builder emits them in that order). TRUNCATE Modifications add
 their options, Message records (--messages) have a line of their own (README
-"Records", docs/changes.md; the lines are changelog/jsonlines.py's). `flush()`
+"Records", docs/changes.md; the lines are formats/jsonlines.py's). `flush()`
 flushes Python's buffer and fsyncs a regular file before it reports a checkpoint
 as durable; pipes, terminals and /dev/null cannot be fsynced, so there durability
 ends at write(2).
@@ -29,10 +29,10 @@ from datetime import datetime
 from typing import BinaryIO
 
 from pg2sink.changelog.builder import RowWriter, TableShape
-from pg2sink.changelog.jsonenc import dumps_line
-from pg2sink.changelog.jsonlines import NewRowLines, record_line
 from pg2sink.changelog.records import Modification, Operation, Record
 from pg2sink.errors import SinkError
+from pg2sink.formats.jsonenc import dumps_line
+from pg2sink.formats.jsonlines import NewRowLines, record_line
 from pg2sink.sinks.file.append import LockedAppender, repair_torn_line
 from pg2sink.sinks.txmeta import TransactionTracker
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from pg2sink.formats.debezium_keys import with_key_changes
 from pg2sink.sinks.kafka.config import KafkaConfig
-from pg2sink.sinks.kafka.debezium import with_key_changes
 from pg2sink.sinks.kafka.sink import KafkaSink
 from pg2sink.sinks.kafka.transactional import ExactlyOnceKafkaSink
 from pg2sink.sinks.kafka.txtopic import TransactionTopicKafkaSink

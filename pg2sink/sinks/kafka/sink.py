@@ -56,15 +56,15 @@ from typing import Any, cast
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from pg2sink.changelog.builder import RowWriter, TableShape
-from pg2sink.changelog.jsonenc import dumps
-from pg2sink.changelog.jsonlines import message_object, schema_line
 from pg2sink.changelog.records import Message as MessageRecord
 from pg2sink.changelog.records import Modification, Operation, Record, Schema, Truncation
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
+from pg2sink.formats.jsonenc import dumps
+from pg2sink.formats.jsonlines import message_object, schema_line
+from pg2sink.formats.kafka import Format, TableFormat, message_format
 from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.config import KafkaConfig
-from pg2sink.sinks.kafka.formats import Format, TableFormat, message_format
 from pg2sink.sinks.kafka.health import PROBE_WAIT, BrokerHealth
 from pg2sink.sinks.kafka.producer import (
     HOW_TO_RAISE_LIMITS,

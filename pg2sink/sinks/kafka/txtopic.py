@@ -17,10 +17,10 @@ from datetime import datetime
 from typing import Any
 
 from pg2sink.changelog.builder import RowWriter, TableShape
-from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Modification, Operation, Record
+from pg2sink.formats.jsonenc import dumps
+from pg2sink.formats.kafka import Format
 from pg2sink.sinks.kafka.config import KafkaConfig
-from pg2sink.sinks.kafka.formats import Format
 from pg2sink.sinks.kafka.sink import KafkaSink
 from pg2sink.sinks.txmeta import TransactionTracker
 

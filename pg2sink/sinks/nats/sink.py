@@ -48,15 +48,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pg2sink.changelog.builder import RowWriter, TableShape
-from pg2sink.changelog.jsonenc import dumps
-from pg2sink.changelog.jsonlines import NewRowLines
 from pg2sink.changelog.records import Message, Modification, Operation, Record, Schema, Truncation
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.formats.jsonenc import dumps
+from pg2sink.formats.jsonlines import NewRowLines
+from pg2sink.formats.nats import JsonPayload, Payload, payload_for
 from pg2sink.options import format_duration
 from pg2sink.sinks.delivery import Window
 from pg2sink.sinks.nats.client import Outgoing, Publisher
 from pg2sink.sinks.nats.config import NatsConfig, subject_problem
-from pg2sink.sinks.nats.payload import JsonPayload, Payload, payload_for
 from pg2sink.sinks.nats.subjects import MESSAGES, table_subject
 from pg2sink.sinks.nats.wire import NO_HEADERS, msg_id_header
 

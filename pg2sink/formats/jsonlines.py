@@ -12,7 +12,6 @@ from datetime import datetime
 
 import orjson
 
-from pg2sink.changelog.jsonenc import LINE_OPTIONS, OPTIONS, default, dumps, dumps_line
 from pg2sink.changelog.records import (
     Message,
     Modification,
@@ -21,6 +20,7 @@ from pg2sink.changelog.records import (
     Schema,
     Truncation,
 )
+from pg2sink.formats.jsonenc import LINE_OPTIONS, OPTIONS, default, dumps, dumps_line
 
 __all__ = [
     "NewRowLines",
