@@ -72,7 +72,7 @@ COMPAT_TESTS := tests/subscription/test_stream.py tests/subscription/test_fideli
 test: setup
 	PG2SINK_IMPL=c $(VENV)/bin/pytest -q
 	# PG2SINK_IMPL chooses the Avro encoder, which only the Kafka sink's Avro path uses
-	# (sinks/kafka/formats.py), and the new-row reader (logical/fastpath.py), C or their
+	# (formats/kafka.py), and the new-row reader (logical/fastpath.py), C or their
 	# Python references: the changelog, the readers, the golden files and the Kafka and
 	# file sink suites run again on the Python references. test_avro_native and
 	# test_rows_native compare the C code with the Python path: they have run above.

@@ -9,7 +9,7 @@ with every Avro type of the mapping, with each writer the package has:
 - `compiled`: the exec-compiled row writer, when this checkout still has one
   (`TableEncoder` with `_fast_row`; session 5 measured it and removed it: run this
   file from a worktree of 4c68a15 to see it);
-- `c`: the C encoder (changelog.avro_native), from the raw pgoutput Insert message to
+- `c`: the C encoder (formats.avro_native), from the raw pgoutput Insert message to
   the key and value with their wire headers, decoding included.
 
 It also times the value of a DELETE (key columns only), which takes the Python writer
@@ -30,10 +30,10 @@ from datetime import UTC, datetime
 
 from pg2sink.catalog.types import PgType
 from pg2sink.changelog import _cmodule
-from pg2sink.changelog.avro import TableEncoder
-from pg2sink.changelog.avro_native import NativeRowEncoder
 from pg2sink.changelog.records import Modification, Operation
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
+from pg2sink.formats.avro import TableEncoder
+from pg2sink.formats.avro_native import NativeRowEncoder
 from pg2sink.logical.fastpath import compile_row_reader
 
 T = datetime(2026, 11, 24, 4, 0, 0, 123456, tzinfo=UTC)

@@ -78,7 +78,7 @@ class Since:
     def __init__(self, inner: Sink, point: Point) -> None:
         self.inner = inner
         self.point = point
-        self.json_values = inner.json_values
+        self.writes_json: bool = getattr(inner, "writes_json", False)
         self.skipped = 0
 
     def open(self) -> None:

@@ -9,7 +9,7 @@ values a streamed row of the same text holds. A sink's import writer
 (sinks/<name>/imports.py) encodes them as it encodes the stream's rows.
 
 A sink whose stream encodes new rows straight from pgoutput's bytes (the Kafka sink's C
-encoder, changelog.avro_native) skips the Python values: `insert_messages` builds each
+encoder, formats.avro_native) skips the Python values: `insert_messages` builds each
 row's pgoutput Insert message from the batch with Arrow kernels, and `write_raw` hands
 them to the sink's raw row writer, as the stream's builder does (measured, bench-import's
 6 columns: 1.6 us of Python per row instead of 11.6 us; docs/imports.md).
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pg2sink.catalog.types import PgType
+from pg2sink.changelog.builder import RowWriter, TableShape
 from pg2sink.changelog.codecs import KINDS, Kind, ValueCodec
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.changelog.rows import RowDecoder
@@ -32,10 +32,6 @@ if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
 __all__ = ["BatchDecoder", "ImportTable", "insert_messages", "write_modifications", "write_raw"]
-
-#: (data, commit_time, sequence, lsn, xid, op) -> False when declined: the stream's raw
-#: row writer (ChangelogBuilder.raw_writers, KafkaSink.raw_row_writer)
-RawWriter = Callable[[bytes, datetime, int, int, int, Operation], bool]
 
 
 @dataclass(frozen=True)
@@ -56,10 +52,15 @@ class ImportTable:
         """Per column, the stream's codec (changelog.typemap.codec_for)."""
         return [codec_for(t, m) for t, m in zip(self.types, self.typmods, strict=True)]
 
-    def converters(self, json_values: bool) -> list[Callable[[bytes], object]]:
-        """Per column, the stream's converter: codec.to_json for a sink writing JSON
-        (`json_values`), else codec.decode."""
-        return [c.to_json if json_values else c.decode for c in self.codecs()]
+    def shape(self) -> TableShape:
+        """The table as a sink's row writer takes it (Sink.row_writer)."""
+        s = self.schema
+        return TableShape(s.namespace, s.name, self.names, tuple(self.codecs()))
+
+    def converters(self, to_json: bool = False) -> list[Callable[[bytes], object]]:
+        """Per column, the stream's converter, codec.decode (the values records hold),
+        or `to_json`: codec.to_json, for an encoder writing JSON itself."""
+        return [c.to_json if to_json else c.decode for c in self.codecs()]
 
     def modification(self, sequence: int, row: dict[str, object]) -> Modification:
         """The IMPORT Modification of a row: the snapshot's time and position, xid 0,
@@ -80,12 +81,12 @@ class BatchDecoder:
     raises the DecodeError naming the column, as the stream does.
     """
 
-    def __init__(self, table: ImportTable, json_values: bool) -> None:
+    def __init__(self, table: ImportTable, to_json: bool = False) -> None:
         self.names = table.names
         codecs = table.codecs()
         #: per column, its value kind (changelog.codecs.KINDS)
         self.kinds: tuple[Kind, ...] = tuple(c.kind for c in codecs)
-        self.converters = [c.to_json if json_values else c.decode for c in codecs]
+        self.converters = [c.to_json if to_json else c.decode for c in codecs]
         # a text kind's value is its text, which Arrow already gives as a str
         self._converters = [
             None if KINDS[kind].text else c
@@ -128,15 +129,14 @@ class BatchDecoder:
 def write_modifications(
     table: ImportTable,
     batches: Iterator[pa.RecordBatch],
-    json_values: bool,
     write: Callable[[Modification], None],
     after_batch: Callable[[], None] | None = None,
 ) -> int:
     """An import partition through a sink's `write`: each row of the batches decoded
-    with the stream's converters (`json_values`: their JSON form) as its IMPORT
+    with the stream's converters as its IMPORT
     Modification, numbered from 0 within the partition; `after_batch()` after each
     batch (a sink serving its acknowledgements as it goes). The number of rows."""
-    rows = BatchDecoder(table, json_values).rows
+    rows = BatchDecoder(table).rows
     modification = table.modification
     seq = 0
     for batch in batches:
@@ -151,7 +151,7 @@ def write_modifications(
 def write_raw(
     table: ImportTable,
     batches: Iterator[pa.RecordBatch],
-    raw: RawWriter,
+    raw: RowWriter,
     write: Callable[[Modification], None],
     after_batch: Callable[[], None] | None = None,
 ) -> int:
@@ -169,7 +169,7 @@ def write_raw(
         for i, data in enumerate(insert_messages(batch)):
             if not raw(data, when, seq + i, lsn, 0, operation):
                 if decoder is None:
-                    decoder = BatchDecoder(table, json_values=False)
+                    decoder = BatchDecoder(table)
                 row = next(iter(decoder.rows(batch.slice(i, 1))))
                 write(table.modification(seq + i, row))
         seq += batch.num_rows

@@ -55,20 +55,30 @@ _NEW_ROW_OPERATIONS = {INSERT_TAG: Operation.INSERT, UPDATE_TAG: Operation.UPDAT
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-#: (timestamp, sequence, lsn, xid, operation, namespace, name, after): writes what
-#: emit(Modification(timestamp, ..., name, None, after)) would, without the record
-#: object (measured under callgrind: its construction is ~5% of a change). A sink
-#: offers it as `write_new_row`; the builder uses it on feed()'s fast path only.
-NewRowWriter = Callable[[datetime, int, int, int, Operation, str, str, dict[str, object]], None]
-
 #: (Insert or Update message, commit time, sequence, lsn, xid, operation) -> whether it
-#: was written: a sink's writer of one table's new rows straight from pgoutput's bytes
-#: (the Kafka sink's native Avro encoder), bypassing decoding; False = declined, the
-#: builder takes its own path (which decodes, and reports whatever is wrong).
-RawRowWriter = Callable[[bytes, datetime, int, int, int, Operation], bool]
-#: (namespace, name) -> the sink's RawRowWriter of that table as the sink knows it now
-#: (after its Schema record), or None
-RawRowWriters = Callable[[str, str], "RawRowWriter | None"]
+#: was written: the sink's writer of one table's new rows straight from pgoutput's bytes
+#: (Sink.row_writer: the file, NATS and null sinks read the row with their own
+#: converters, the Kafka sink encodes it in C), no record built. False = declined: the
+#: builder then makes the Modification record itself (and reports whatever is wrong).
+RowWriter = Callable[[bytes, datetime, int, int, int, Operation], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class TableShape:
+    """A table as its last Relation message announced it, for a sink's RowWriter (after
+    the table's Schema record, so the sink knows this shape too)."""
+
+    namespace: str
+    name: str
+    columns: tuple[str, ...]
+    codecs: tuple[ValueCodec, ...]
+
+    def reader(self, *, to_json: bool = False) -> RowReader:
+        """The new-row reader of this shape (logical.fastpath): values decoded as the
+        records hold them, or `to_json`, straight to what jsonenc writes for them."""
+        return compile_row_reader(
+            self.columns, [c.to_json if to_json else c.decode for c in self.codecs]
+        )
 
 
 class ChangeStats(Protocol):
@@ -101,8 +111,8 @@ class RelationState:
     primary_key: tuple[str, ...]
     ops: dict[str, int]
     """Changes emitted per operation: this table's counters in StreamStats."""
-    write_raw: RawRowWriter | None = None
-    """The sink's writer of new rows from raw bytes, if it has one for this table."""
+    write_row: RowWriter | None = None
+    """The sink's writer of this table's new rows (RowWriter), if it has one."""
 
     def decode_key(self, values: Sequence[TupleValue]) -> dict[str, object]:
         """Only the identity columns of a 'K' tuple (the others are sent as NULL)."""
@@ -118,25 +128,20 @@ class ChangelogBuilder:
         self,
         catalog: CatalogLookup,
         emit: Callable[[Record], None],
-        json_values: bool = False,
         stats: ChangeStats | None = None,
         messages: bool = False,
         message_prefixes: tuple[str, ...] = (),
         via_partition_root: bool = False,
-        emit_new_row: NewRowWriter | None = None,
-        raw_writers: RawRowWriters | None = None,
+        row_writer: Callable[[TableShape], RowWriter | None] | None = None,
     ) -> None:
         self.catalog = catalog
+        #: where records go (the sink's write)
         self.emit = emit
-        #: the sink's shortcut for the fast path's plain Modification (see NewRowWriter)
-        self.emit_new_row = emit_new_row
-        #: the sink's source of per-table RawRowWriters (see RawRowWriter)
-        self.raw_writers = raw_writers
+        #: the sink's RowWriter of a table shape (Sink.row_writer), asked at each Relation
+        self.row_writer = row_writer
         self.stats = stats
         #: pgoutput messages fed, by tag byte (the stream folds them into its stats)
         self.tag_counts = [0] * 256
-        #: decode row values to their JSON form (for JSON sinks) instead of Python values
-        self.json_values = json_values
         self.relations: dict[int, RelationState] = {}
         #: forward logical decoding messages (--messages), only these prefixes if any
         self.messages = messages
@@ -154,9 +159,11 @@ class ChangelogBuilder:
         """Process one raw pgoutput message whose XLogData started at `lsn`.
 
         Returns the transaction's end LSN when the message was a Commit (a point the
-        stream may checkpoint), else 0. Begin, Commit, Inserts and Updates without an old
-        tuple take the fast paths of logical.fastpath; everything else, and anything a
-        fast path declines, goes through decode() and handle().
+        stream may checkpoint), else 0. A change takes one of two routes: an Insert's or
+        Update's new row goes to the sink's RowWriter of its table, which encodes it from
+        the bytes; anything else, and what the writer declines, becomes a record for
+        `emit` (new rows by logical.fastpath's reader, the rest through decode() and
+        handle()). Begin and Commit are read by logical.fastpath as well.
         """
         # memoryview.tobytes() rather than bytes(): the constructor first looks for a
         # __bytes__ method (measured: ~700 instructions per change more)
@@ -175,8 +182,8 @@ class ChangelogBuilder:
             rel = self.relations.get(relation_id(data, 1)[0])
             if rel is not None:
                 op = _NEW_ROW_OPERATIONS[tag]
-                write_raw = rel.write_raw
-                if write_raw is not None and write_raw(
+                write_row = rel.write_row
+                if write_row is not None and write_row(
                     data, self.commit_time, self.sequence, lsn, self.xid, op
                 ):
                     rel.ops[op] += 1
@@ -184,24 +191,7 @@ class ChangelogBuilder:
                     return 0
                 after = rel.read_new(data)
                 if after is not None:
-                    emit_new_row = self.emit_new_row
-                    if emit_new_row is None:  # a sink without the shortcut
-                        self._modification(rel, op, lsn, None, after)
-                        return 0
-                    # _modification() written out for the file sink's shortcut: this is
-                    # its once-per-change path, and a call costs ~2% of it
-                    rel.ops[op] += 1
-                    emit_new_row(
-                        self.commit_time,
-                        self.sequence,
-                        lsn,
-                        self.xid,
-                        op,
-                        rel.namespace,
-                        rel.name,
-                        after,
-                    )
-                    self.sequence += 1
+                    self._modification(rel, op, lsn, None, after)
                     return 0
         else:
             begin = begin_fields(data)
@@ -291,7 +281,7 @@ class ChangelogBuilder:
             ],
             primary_key=primary_key,
         )
-        converters = [c.to_json if self.json_values else c.decode for c in codecs]
+        converters = [c.decode for c in codecs]
         rel = RelationState(
             relation_id=msg.relation_id,
             namespace=msg.namespace,
@@ -332,9 +322,11 @@ class ChangelogBuilder:
                 )
             )
             log.debug("schema of %s.%s emitted", msg.namespace, msg.name)
-        if self.raw_writers is not None:
+        if self.row_writer is not None:
             # after the Schema record: the sink encodes this shape of the table
-            rel.write_raw = self.raw_writers(msg.namespace, msg.name)
+            rel.write_row = self.row_writer(
+                TableShape(msg.namespace, msg.name, names, tuple(codecs))
+            )
         self.relations[msg.relation_id] = rel
 
     def _missing(

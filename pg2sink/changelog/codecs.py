@@ -30,7 +30,7 @@ text-like type is TEXT). `KINDS` says, per kind, everything that depends on it a
 (3) `_avro_native.c`'s enum Kind: how the C encoder reads the column's text.
 
 Who reads it: typemap builds the codecs from it, rowschema the unions, the Avro encoder
-(changelog.avro) picks its converters by kind and the C encoder (changelog.avro_native)
+(formats.avro) picks its converters by kind and the C encoder (formats.avro_native)
 its column kinds. Encoders built from a Schema record alone (the Kafka sink's) read the
 kind back from a field's Avro type with `kind_of`, through the same table.
 """

@@ -61,9 +61,9 @@ class PgArray(list[object]):
 
 class JsonNumber:
     """A number's JSON form, the digits PostgreSQL printed (numeric's trailing zeros,
-    float's round-trip text): the value of a numeric or float column in a record for a
-    sink that takes JSON forms (Sink.json_values). A plain value: the JSON encoder writes
-    its text unquoted (changelog.jsonenc), nothing else needs to know it."""
+    float's round-trip text): the value of a numeric or float column read by a JSON
+    encoder's own row reader (ValueCodec.to_json). A plain value: the JSON encoder writes
+    its text unquoted (formats.jsonenc), nothing else needs to know it."""
 
     __slots__ = ("text",)
 

@@ -1,6 +1,18 @@
-"""Message formats of the message sinks (Kafka, NATS, Kinesis): `--format` (docs/formats.md).
+"""Every encoder of pg2sink: records (and new rows) in, bytes out, no I/O.
 
-Each format is a pure encoder, record in, bytes out, no I/O:
+pg2sink's own forms:
+
+- jsonenc.py, jsonlines.py: the JSON of values and the JSON line of each record kind
+  (the file sink's lines; NATS, Kinesis and Kafka --format json write the same);
+- avro.py, avro_native.py: the Avro envelope and key of a change (Python, the reference)
+  and its C encoder from pgoutput's bytes (changelog/_avro_native.c, chosen once by
+  PG2SINK_IMPL, changelog/_cmodule.py);
+- kafka.py, nats.py, kinesis.py: each message sink's key and value (or payload) of every
+  record kind in each of its formats; debezium_keys.py: --format debezium's primary key
+  changes on Kafka.
+
+The message formats of the message sinks (Kafka, NATS, Kinesis), `--format`
+(docs/formats.md):
 
 - base.py: the Encoder and TableEncoder protocols, a table's columns from its Schema record,
   the text of a value;

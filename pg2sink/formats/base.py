@@ -2,10 +2,10 @@
 
 A format's Encoder makes one TableEncoder per table shape (from its Schema record, which
 precedes the table's changes); the TableEncoder turns a Modification into the message's
-value bytes and a row image into its key bytes. Row values reach an encoder in either of
-the two forms a sink may ask for (Sink.json_values): typed Python values or their JSON
-form. Both encode to the same JSON bytes (changelog/jsonenc.py), so encoders read values
-through `json_of` and `text_of`, never by their Python type.
+value bytes and a row image into its key bytes. Row values reach an encoder as records
+hold them (typed Python values) or, relayed from a JSON topic, in their JSON form
+(ValueCodec.to_json). Both encode to the same JSON bytes (formats/jsonenc.py), so
+encoders read values through `json_of` and `text_of`, never by their Python type.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import orjson
 
 from pg2sink.changelog.codecs import Kind, kind_of
-from pg2sink.changelog.jsonenc import dumps, loads
 from pg2sink.changelog.records import Modification, Schema
+from pg2sink.formats.jsonenc import dumps, loads
 
 __all__ = [
     "Column",

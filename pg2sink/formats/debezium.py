@@ -36,10 +36,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pg2sink import __version__
-from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.formats.base import Origin, columns_of, key_columns
 from pg2sink.formats.debezium_types import FieldType, convert_value, field_type
+from pg2sink.formats.jsonenc import dumps
 
 __all__ = ["OPS", "VERSION", "DebeziumEncoder", "DebeziumTable"]
 

@@ -40,7 +40,7 @@ from pg2sink.formats.debezium import DebeziumEncoder, DebeziumTable
 from pg2sink.registry import SchemaRegistry, key_subject, value_subject, wire_header
 
 if TYPE_CHECKING:
-    from pg2sink.changelog.avro_native import NativeRowEncoder
+    from pg2sink.formats.avro_native import NativeRowEncoder
 
 __all__ = ["DebeziumAvroFormat", "avro_schema", "avro_value"]
 
@@ -151,7 +151,7 @@ class _AvroTable:
 
     def __init__(self, table: DebeziumTable, registry: SchemaRegistry, topic: str) -> None:
         self._table = table
-        #: no encoder from pgoutput's bytes: the Python path (sinks/kafka/formats.py)
+        #: no encoder from pgoutput's bytes: the Python path (formats/kafka.py)
         self.native: NativeRowEncoder | None = None
         value_connect = table.value_schema
         value_avro = avro_schema(value_connect)
@@ -187,11 +187,9 @@ def _write(connect: Mapping[str, Any], parsed: Any, payload: Any) -> bytes:
 
 
 class DebeziumAvroFormat:
-    """The Kafka sink's Format (sinks/kafka/formats.py) of --format debezium
+    """The Kafka sink's Format (formats/kafka.py) of --format debezium
     --debezium-avro: each table shape's key and value schemas registered, then the wire
     format."""
-
-    json_values = False  # the encoder reads both value forms (formats/base.py)
 
     def __init__(self, origin: Origin, registry: SchemaRegistry) -> None:
         self._encoder = DebeziumEncoder(origin)

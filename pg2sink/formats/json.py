@@ -1,14 +1,14 @@
 """pg2sink's own JSON (--format json): the file sink's line of the record without its
-newline (changelog/jsonlines.py, README "Records"), keyed by the key columns' JSON object."""
+newline (formats/jsonlines.py, README "Records"), keyed by the key columns' JSON object."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pg2sink.changelog.jsonenc import dumps
-from pg2sink.changelog.jsonlines import modification_object
 from pg2sink.changelog.records import Modification, Schema
 from pg2sink.formats.base import TableEncoder, key_columns, key_of
+from pg2sink.formats.jsonenc import dumps
+from pg2sink.formats.jsonlines import modification_object
 
 __all__ = ["JsonEncoder"]
 

@@ -35,9 +35,9 @@ import re
 from collections.abc import Mapping
 from datetime import UTC
 
-from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.formats.base import TableEncoder, columns_of, key_columns, key_of, pg_text
+from pg2sink.formats.jsonenc import dumps
 from pg2sink.logical.messages import UnchangedToast
 
 __all__ = ["PgKinesisEncoder", "format_lsn", "qualified", "type_name"]

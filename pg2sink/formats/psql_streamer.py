@@ -31,7 +31,6 @@ import re
 from collections.abc import Mapping
 
 from pg2sink.changelog.codecs import Kind
-from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.formats.base import (
     Origin,
@@ -42,6 +41,7 @@ from pg2sink.formats.base import (
     key_of,
 )
 from pg2sink.formats.gotime import go_time, message_uuid
+from pg2sink.formats.jsonenc import dumps
 from pg2sink.formats.wal_listener import data_row
 from pg2sink.logical.messages import UnchangedToast
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pg2sink.changelog.codecs import Kind
-from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.formats.base import TableEncoder, columns_of, key_columns, key_of, pg_text
 from pg2sink.formats.gotime import go_time, message_uuid
+from pg2sink.formats.jsonenc import dumps
 from pg2sink.logical.messages import UnchangedToast
 
 __all__ = ["WalListenerEncoder", "action"]

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pg2sink.logical.decoder import MessageTag, TupleKind, TupleMarker
+from pg2sink.logical.encode import BEGIN, COMMIT
 from pg2sink.logical.messages import UNCHANGED_TOAST
 
 __all__ = [
@@ -57,8 +58,6 @@ __all__ = [
 #: use the general path (also for an Update that carries an old tuple).
 RowReader = Callable[[bytes], "dict[str, object] | None"]
 
-_BEGIN_FIELDS: Final = struct.Struct(">BQqI")  # tag, final LSN, commit time, xid
-_COMMIT_FIELDS: Final = struct.Struct(">BBQQq")  # tag, flags, commit LSN, end LSN, time
 _BEGIN: Final = int(MessageTag.BEGIN)
 _COMMIT: Final = int(MessageTag.COMMIT)
 _INSERT: Final = int(MessageTag.INSERT)
@@ -68,17 +67,17 @@ _NEW: Final = int(TupleMarker.NEW)
 
 def begin_fields(data: bytes) -> tuple[int, int, int] | None:
     """(final LSN, commit time, xid) of a Begin (layout in decoder.py), else None."""
-    if data[0] != _BEGIN or len(data) != _BEGIN_FIELDS.size:
+    if data[0] != _BEGIN or len(data) != BEGIN.size:
         return None
-    _, final_lsn, commit_time, xid = _BEGIN_FIELDS.unpack(data)
+    _, final_lsn, commit_time, xid = BEGIN.unpack(data)
     return final_lsn, commit_time, xid
 
 
 def commit_end_lsn(data: bytes) -> int | None:
     """The end LSN of a Commit (layout in decoder.py), else None."""
-    if data[0] != _COMMIT or len(data) != _COMMIT_FIELDS.size:
+    if data[0] != _COMMIT or len(data) != COMMIT.size:
         return None
-    end_lsn: int = _COMMIT_FIELDS.unpack(data)[3]
+    end_lsn: int = COMMIT.unpack(data)[3]
     return end_lsn
 
 

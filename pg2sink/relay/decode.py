@@ -15,15 +15,15 @@ record, whose "pg.namespace", "pg.table" and "pg.primary_key" name the table and
 `Shape` is one envelope version: the Schema record of that table shape, and the reader of
 its messages.
 
-Values come back as the stream's Python values (json_values False): fastavro reads the
+Values come back as the stream's Python values (records.py): fastavro reads the
 logical types (Decimal, date, time, datetime in UTC or naive), and what the Avro writer
 changed is changed back: a value in a field's "string" branch (typemap.nullable: a
 value outside T's domain, written as PostgreSQL's text) is a PgText, an unconstrained
 numeric's string a Decimal, a uuid a str, an unchanged TOASTed field UNCHANGED_TOAST.
 
 JSON (--format json, and the schema and message topics): a message is a record's JSON
-line (changelog/jsonlines.py) without its newline; `json_record` reads it back with the
-values in their JSON form (Sink.json_values), the commit time a datetime.
+line (formats/jsonlines.py) without its newline; `json_record` reads it back with the
+values in their JSON form (ValueCodec.to_json's), the commit time a datetime.
 A `before` image whose columns are null but the key's is the old key PostgreSQL sends
 for REPLICA IDENTITY DEFAULT: only the key columns, as the stream has it (Avro cannot tell
 it from a REPLICA IDENTITY FULL row whose other columns are all NULL, which comes back as
@@ -43,10 +43,10 @@ from uuid import UUID
 import fastavro
 
 from pg2sink.changelog.codecs import Kind, kind_of
-from pg2sink.changelog.jsonenc import loads
 from pg2sink.changelog.pgvalues import PgText
 from pg2sink.changelog.records import Message, Modification, Operation, Schema, Truncation
 from pg2sink.errors import SinkError
+from pg2sink.formats.jsonenc import loads
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.registry.wire import MAGIC_BYTE
 

@@ -205,7 +205,7 @@ class Relay:
 
     def _write_json(self, topic: str, value: bytes) -> None:
         """A JSON line's record: a change after its table's Schema record."""
-        if not self.sink.json_values:
+        if not getattr(self.sink, "writes_json", False):
             raise SinkError(
                 f"topic {topic!r} is JSON, whose values are in their JSON form: relay it "
                 "into a sink that writes JSON (file, kafka --format json, nats, kinesis), "

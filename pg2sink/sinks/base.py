@@ -24,21 +24,16 @@ from pg2sink.changelog.records import Record
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
-    from datetime import datetime
 
     import pyarrow as pa  # type: ignore[import-untyped]
 
     from pg2sink.changelog.batches import ImportTable
-    from pg2sink.changelog.builder import RawRowWriter
-    from pg2sink.changelog.records import Operation, Schema
+    from pg2sink.changelog.builder import RowWriter, TableShape
+    from pg2sink.changelog.records import Schema
     from pg2sink.observability.stats import StreamStats
 
 
 class Sink(Protocol):
-    #: True when the sink writes JSON (jsonenc): row values may then be decoded
-    #: straight to their JSON form (ValueCodec.to_json) instead of Python values.
-    json_values: bool
-
     def open(self) -> None: ...
 
     def write(self, record: Record) -> None: ...
@@ -75,31 +70,15 @@ class UsesSlot(Protocol):
 
 
 @runtime_checkable
-class WritesNewRows(Protocol):
-    """A sink that takes an Insert's or Update's new row as plain arguments, without a
-    Modification record (the file sink): the changelog's fast path calls it per change
-    (ChangelogBuilder's `emit_new_row`)."""
+class WritesRows(Protocol):
+    """A sink that writes a table's new rows (an Insert's, an Update's) straight from
+    pgoutput's bytes, without a Modification record: the file, NATS and null sinks read
+    the row with their converters, the Kafka sink encodes it in C. The changelog builder
+    asks at each Relation message (after the table's Schema record) and calls the writer
+    per change; None, or a writer returning False, sends the change to `write` as a
+    record instead."""
 
-    def write_new_row(
-        self,
-        timestamp: datetime,
-        sequence: int,
-        lsn: int,
-        xid: int,
-        operation: Operation,
-        namespace: str,
-        name: str,
-        after: dict[str, object] | None,
-        before: dict[str, object] | None = None,
-    ) -> None: ...
-
-
-@runtime_checkable
-class WritesRawRows(Protocol):
-    """A sink that writes a table's new rows straight from pgoutput's bytes (the Kafka
-    sink's C encoder): ChangelogBuilder's `raw_writers`."""
-
-    def raw_row_writer(self, namespace: str, name: str) -> RawRowWriter | None: ...
+    def row_writer(self, table: TableShape) -> RowWriter | None: ...
 
 
 @runtime_checkable
@@ -128,11 +107,6 @@ class ImportTarget(Protocol):
     driver registered). On each executor, `write_rows` writes one partition's rows as
     IMPORT Modifications with the sink's own encoders and returns only once they are
     durable: the partition is then marked done."""
-
-    @property
-    def json_values(self) -> bool:
-        """Whether rows are decoded to their JSON form (ValueCodec.to_json), as Sink's."""
-        ...
 
     def problem(self) -> str | None:
         """Why imports cannot write here (standard output, a sink without settings), or

@@ -25,7 +25,7 @@ from pg2sink.logical.messages import (
 )
 from pg2sink.logical.render import render
 from pg2sink.observability.stats import StreamStats
-from pg2sink.sinks.base import ReportsHealth, Sink, WritesNewRows, WritesRawRows
+from pg2sink.sinks.base import ReportsHealth, Sink, WritesRows
 
 #: Where one pgoutput message goes: ChangelogBuilder.feed, or a stage's feed before it.
 Feed = Callable[[bytes | memoryview, int], int]
@@ -70,13 +70,11 @@ class ChangelogHandler:
         self.builder = ChangelogBuilder(
             catalog,
             emit,
-            json_values=sink.json_values,
             stats=stats,
             messages=messages,
             message_prefixes=message_prefixes,
             via_partition_root=via_partition_root,
-            emit_new_row=sink.write_new_row if isinstance(sink, WritesNewRows) else None,
-            raw_writers=sink.raw_row_writer if isinstance(sink, WritesRawRows) else None,
+            row_writer=sink.row_writer if isinstance(sink, WritesRows) else None,
         )
         if isinstance(sink, ReportsHealth) and stats is not None:
             sink.report_health(stats)

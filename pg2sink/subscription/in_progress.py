@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import BinaryIO, Final
 
 from pg2sink.errors import ConfigError, DecodeError, Pg2SinkError, ServerConfigError
+from pg2sink.logical import encode
 from pg2sink.logical.decoder import MessageTag, decode
 from pg2sink.logical.messages import StreamAbort, StreamCommit, StreamStart
 from pg2sink.subscription.handlers import ChangelogHandler
@@ -86,11 +87,6 @@ _SCHEMA: Final = frozenset({int(MessageTag.RELATION), int(MessageTag.TYPE)})
 #: as it would come outside a stream (tag byte, then the rest without the xid).
 _SPILL_HEADER: Final = struct.Struct(">IQI")
 _XID: Final = struct.Struct(">I")
-# An ordinary Begin and Commit (layouts in logical/decoder.py), built for the replay.
-_BEGIN: Final = struct.Struct(">BQqI")
-_COMMIT: Final = struct.Struct(">BBQQq")
-_BEGIN_TAG: Final = int(MessageTag.BEGIN)
-_COMMIT_TAG: Final = int(MessageTag.COMMIT)
 
 #: Write buffer per open streamed transaction (the memory it costs).
 SPILL_BUFFER_BYTES: Final = 256 * 1024
@@ -300,12 +296,13 @@ class StreamingHandler:
                 except OSError as e:
                     raise SpillError(f"cannot read spill file {str(spill.path)!r}: {e}") from None
                 self._builder_feed(
-                    _BEGIN.pack(_BEGIN_TAG, msg.commit_lsn, msg.commit_time, msg.xid),
+                    # an ordinary Begin and Commit around the replay
+                    encode.begin(msg.commit_lsn, msg.commit_time, msg.xid),
                     spill.first_lsn,
                 )
             self._replay(spill)
             end_lsn = self._builder_feed(
-                _COMMIT.pack(_COMMIT_TAG, msg.flags, msg.commit_lsn, msg.end_lsn, msg.commit_time),
+                encode.commit(msg.flags, msg.commit_lsn, msg.end_lsn, msg.commit_time),
                 lsn,
             )
         finally:

@@ -1,4 +1,4 @@
-"""changelog.avro: envelope and key schemas, and typed values written as Avro.
+"""formats.avro: envelope and key schemas, and typed values written as Avro.
 
 Rows are decoded from PostgreSQL's text form by the real codecs (changelog.typemap), then
 encoded and read back with fastavro, as a consumer would.
@@ -21,7 +21,10 @@ import orjson
 import pytest
 
 from pg2sink.catalog.types import PgType
-from pg2sink.changelog.avro import (
+from pg2sink.changelog.records import Modification, Operation
+from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
+from pg2sink.errors import SinkError
+from pg2sink.formats.avro import (
     TableEncoder,
     UnrepresentableValueError,
     avro_long,
@@ -29,10 +32,7 @@ from pg2sink.changelog.avro import (
     envelope_schema,
     key_schema,
 )
-from pg2sink.changelog.jsonenc import dumps
-from pg2sink.changelog.records import Modification, Operation
-from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
-from pg2sink.errors import SinkError
+from pg2sink.formats.jsonenc import dumps
 from pg2sink.logical.messages import UNCHANGED_TOAST
 
 SCHEMAS = Path(__file__).resolve().parent.parent.parent / "schemas"

@@ -1,4 +1,4 @@
-"""changelog.avro_native: the C encoder gives the Python path's bytes, or declines.
+"""formats.avro_native: the C encoder gives the Python path's bytes, or declines.
 
 The pgoutput messages come from a real PostgreSQL 15 slot
 (pg_logical_slot_get_binary_changes, protocol 1) read in a session with pg2sink's
@@ -29,10 +29,10 @@ from psycopg.rows import TupleRow
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.catalog.server import REPLICATION_SESSION_SETTINGS
 from pg2sink.changelog import _cmodule
-from pg2sink.changelog.avro import TableEncoder, _primitive
-from pg2sink.changelog.avro_native import NativeRowEncoder
 from pg2sink.changelog.builder import ChangelogBuilder
 from pg2sink.changelog.records import Modification, Operation, Record, Schema
+from pg2sink.formats.avro import TableEncoder, _primitive
+from pg2sink.formats.avro_native import NativeRowEncoder
 from pg2sink.registry import wire_header
 from tests.conftest import Database
 

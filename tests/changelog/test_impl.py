@@ -31,6 +31,7 @@ SINK_REPORT = """
 import json, sys
 from datetime import datetime, timezone
 from pg2sink.changelog import _cmodule
+from pg2sink.changelog.builder import TableShape
 from pg2sink.changelog.records import Schema
 from pg2sink.sinks.kafka.config import KafkaConfig
 from pg2sink.sinks.kafka.sink import KafkaSink
@@ -46,7 +47,7 @@ sink = KafkaSink(KafkaConfig(bootstrap, schema_registry_url=registry, topic_pref
 sink.open()
 try:
     sink.write(Schema(datetime.now(timezone.utc), 1, "public", "t", row, primary_key=("id",)))
-    raw = sink.raw_row_writer("public", "t")
+    raw = sink.row_writer(TableShape("public", "t", (), ()))
 finally:
     sink.close()
 print(json.dumps({
@@ -152,7 +153,7 @@ def run_unbuilt(root: Path, code: str, *args: str, **env: str) -> subprocess.Com
 def test_without_the_extension_unset_means_python(unbuilt: Path) -> None:
     res = run_unbuilt(
         unbuilt,
-        "import pg2sink.changelog.avro_native, pg2sink.changelog._cmodule as m;"
+        "import pg2sink.formats.avro_native, pg2sink.changelog._cmodule as m;"
         " print(m.__file__, m.IMPL, m.built())",
     )
     assert res.returncode == 0, res.stderr

@@ -9,8 +9,8 @@ from decimal import Decimal
 
 import pytest
 
-from pg2sink.changelog.jsonenc import dumps, loads
 from pg2sink.changelog.typemap import PgText
+from pg2sink.formats.jsonenc import dumps, loads
 from pg2sink.logical.messages import UNCHANGED_TOAST, UnchangedToast
 
 

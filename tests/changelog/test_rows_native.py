@@ -23,7 +23,8 @@ import pytest
 from psycopg import sql
 
 from pg2sink.catalog.server import REPLICATION_SESSION_SETTINGS
-from pg2sink.changelog import _cmodule, jsonenc, pgvalues
+from pg2sink.changelog import _cmodule, pgvalues
+from pg2sink.formats import jsonenc
 from pg2sink.logical import fastpath
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from tests.conftest import Database

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from pg2sink.catalog.types import PgType
-from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.typemap import (
     PgArray,
     PgText,
@@ -26,6 +25,7 @@ from pg2sink.changelog.typemap import (
     codec_for,
     nullable,
 )
+from pg2sink.formats.jsonenc import dumps
 
 
 def builtin(name: str, *, category: str = "U", delimiter: str = ",") -> PgType:

@@ -1,7 +1,7 @@
 """The fixed record set every format's tests encode: one table, public.users, and an
 INSERT, an UPDATE (REPLICA IDENTITY FULL: the old row comes too), a DELETE (the default
 identity: the old key only) and a TRUNCATE of it, with their values in both forms a sink
-may receive (typed Python values, and the JSON form of Sink.json_values)."""
+may receive (typed Python values, and their JSON form, ValueCodec.to_json's)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ BO = {**ANN, "name": "Bo", "score": Decimal("13.00"), "active": False}
 
 
 def _json_form(row: dict[str, object]) -> dict[str, object]:
-    """The row as a sink with json_values gets it (pgvalues' JSON fast path)."""
+    """The row in its JSON form (pgvalues' JSON fast path, ValueCodec.to_json)."""
     out = dict(row)
     for name, value in row.items():
         if isinstance(value, Decimal):

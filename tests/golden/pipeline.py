@@ -32,13 +32,14 @@ from typing import Any
 from unittest import mock
 
 from pg2sink.catalog.catalog import CatalogLookup
-from pg2sink.changelog import _cmodule, avro_native
+from pg2sink.changelog import _cmodule
+from pg2sink.formats import avro_native
+from pg2sink.formats.kafka import AvroFormat
 from pg2sink.logical.copydata import XLOG_DATA_HEADER
 from pg2sink.registry import RegistryClient, SchemaRegistry, key_subject, value_subject
 from pg2sink.sinks.base import Sink
 from pg2sink.sinks.file import FileSink
 from pg2sink.sinks.kafka.config import KafkaConfig
-from pg2sink.sinks.kafka.formats import AvroFormat
 from pg2sink.sinks.kafka.sink import KafkaSink
 from pg2sink.subscription.handlers import ChangelogHandler
 from pg2sink.subscription.in_progress import StreamingHandler

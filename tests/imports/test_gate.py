@@ -51,7 +51,7 @@ def _changes(
 
 def _builder(conn: psycopg.Connection[TupleRow]) -> tuple[ChangelogBuilder, list[Record]]:
     out: list[Record] = []
-    return ChangelogBuilder(Catalog(conn), out.append, json_values=True), out
+    return ChangelogBuilder(Catalog(conn), out.append), out
 
 
 def _feed_until_held(stage: GateStage, messages: list[tuple[int, bytes]]) -> int:
@@ -155,22 +155,20 @@ def test_a_gated_tables_changes_bypass_the_raw_writer_until_it_leaves(db: Databa
         raw.append(data)
         return True
 
-    builder = ChangelogBuilder(
-        Catalog(conn), out.append, json_values=True, raw_writers=lambda ns, name: write_raw
-    )
+    builder = ChangelogBuilder(Catalog(conn), out.append, row_writer=lambda table: write_raw)
     gate = ImportGate()
     stage = gate.stage(builder)
     gate.hold("public", "t", keyless=False)
     gate.open_snapshot("public", "t", vis, lsn)
     held_at = _feed_until_held(stage, messages)
     (rel,) = builder.relations.values()
-    assert rel.write_raw is write_raw and raw == []  # the INSERT went through admit()
+    assert rel.write_row is write_raw and raw == []  # the INSERT went through admit()
     assert _ops(out) == [("INSERT", {"id": 1, "v": "seen"})]
     gate.finish("public", "t")
     for at, data in messages[held_at:]:
         stage.feed(data, at)
     assert gate.tables() == []
-    assert rel.write_raw is write_raw
+    assert rel.write_row is write_raw
     # the UPDATE took the slow path (it left the gate); the last INSERT the raw writer
     assert _ops(out)[-1] == ("UPDATE", {"id": 1, "v": "newer"})
     assert len(raw) == 1 and raw[0][0] == ord("I")

@@ -1,6 +1,6 @@
 """changelog.batches.insert_messages / write_raw: the Kafka import's native path.
 
-The import feeds the stream's C encoder (changelog.avro_native) the pgoutput Insert
+The import feeds the stream's C encoder (formats.avro_native) the pgoutput Insert
 message of each row it read as text. Against a real PostgreSQL: a table of every type
 the C encoder writes (tests/changelog/test_avro_native.py's), with values it writes,
 values it declines, its 3,000 random rows and NULLs, is read as the import reads it
@@ -20,11 +20,11 @@ from psycopg import sql
 from pg2sink.catalog.catalog import unknown_type
 from pg2sink.catalog.types import TypeCache
 from pg2sink.changelog import _cmodule
-from pg2sink.changelog.avro import TableEncoder
-from pg2sink.changelog.avro_native import NativeRowEncoder
 from pg2sink.changelog.batches import ImportTable, insert_messages, write_modifications, write_raw
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
+from pg2sink.formats.avro import TableEncoder
+from pg2sink.formats.avro_native import NativeRowEncoder
 from pg2sink.imports.plan import plan_import
 from pg2sink.imports.reads import text_query
 from tests.changelog.test_avro_native import (
@@ -95,9 +95,7 @@ def test_messages_are_pgoutputs_and_encode_as_the_python_path(db: Database) -> N
         return encoder.encode_key(m.after, KEY_HEADER), encoder.encode_value(m, VALUE_HEADER)
 
     reference: list[tuple[bytes | None, bytes]] = []
-    count = write_modifications(
-        table, iter(batches), False, lambda m: reference.append(python_path(m))
-    )
+    count = write_modifications(table, iter(batches), lambda m: reference.append(python_path(m)))
     assert count == len(rows)
 
     out: list[tuple[bytes | None, bytes]] = []

@@ -19,9 +19,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pg2sink.changelog.jsonenc import loads
 from pg2sink.config import SecretDsn
 from pg2sink.errors import ConfigError, ImportFailed
+from pg2sink.formats.jsonenc import loads
 from pg2sink.imports import jobs
 from pg2sink.imports.driver import (
     CLUSTER_PARTITIONS,
@@ -361,10 +361,10 @@ def test_file_writer_lines_equal_the_stream_lines(tmp_path: Path, with_columns: 
 
     from pg2sink.catalog.types import PgType
     from pg2sink.changelog.batches import ImportTable
-    from pg2sink.changelog.jsonlines import record_line
     from pg2sink.changelog.records import Modification, Operation, Schema
     from pg2sink.changelog.rows import RowDecoder
     from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
+    from pg2sink.formats.jsonlines import record_line
     from pg2sink.sinks.file.imports import FileImportWriter
 
     def pg(oid: int, name: str, category: str) -> PgType:

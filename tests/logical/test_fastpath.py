@@ -9,9 +9,9 @@ from datetime import UTC, date, datetime
 import pytest
 
 from pg2sink.changelog import typemap
-from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.rows import RowDecoder
 from pg2sink.errors import DecodeError
+from pg2sink.formats.jsonenc import dumps
 from pg2sink.logical import fastpath
 from pg2sink.logical.decoder import decode
 from pg2sink.logical.messages import UNCHANGED_TOAST, Begin, Commit, Insert, Update

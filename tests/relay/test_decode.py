@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from pg2sink.changelog.avro import TableEncoder
-from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.pgvalues import PgText
 from pg2sink.changelog.records import Message, Operation, Schema, Truncation
 from pg2sink.errors import SinkError
+from pg2sink.formats.avro import TableEncoder
+from pg2sink.formats.jsonlines import record_line
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.registry import wire_header
 from pg2sink.relay.decode import Shape, json_record, schema_id

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.errors import SinkError
+from pg2sink.formats.jsonlines import NewRowLines, record_line
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.file import FileSink, append_lines
 from tests.conftest import wait_for
@@ -139,8 +139,8 @@ def test_pending_bytes_count_what_is_not_fsynced(tmp_path: Path) -> None:
 
 
 def test_write_new_row_writes_the_modification_line(tmp_path: Path) -> None:
-    """The changelog's shortcut (no record object) and write(Modification) give the
-    same bytes as the general encoder (record_line), whatever the values."""
+    """The row writer's lines (NewRowLines, no record object) and write(Modification)
+    give the same bytes as the general encoder (record_line), whatever the values."""
     later = datetime(2026, 11, 21, 2, 40, 22, tzinfo=UTC)
     records = [
         modification(0, {"id": 1, "n": Decimal("1.50"), "big": UNCHANGED_TOAST, "s": "é\u2028"}),
@@ -151,12 +151,11 @@ def test_write_new_row_writes_the_modification_line(tmp_path: Path) -> None:
     shortcut, general = tmp_path / "shortcut.jsonl", tmp_path / "general.jsonl"
     sink = FileSink(str(shortcut))
     sink.open()
+    lines = NewRowLines("public", "t", newline=True)
     for r in records:
         if r.before is None:
-            assert r.after is not None
-            sink.write_new_row(
-                r.timestamp, r.sequence, r.lsn, r.xid, r.operation, r.namespace, r.name, r.after
-            )
+            assert r.after is not None and (r.namespace, r.name) == ("public", "t")
+            sink._append(lines.encode(r.timestamp, r.sequence, r.lsn, r.xid, r.operation, r.after))
         else:
             sink.write(r)
     sink.close()

@@ -22,11 +22,11 @@ from pg2sink.catalog.catalog import unknown_type
 from pg2sink.catalog.server import REPLICATION_SESSION_SETTINGS
 from pg2sink.catalog.types import PgType, TypeCache
 from pg2sink.changelog.batches import ImportTable
-from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.changelog.rows import RowDecoder
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import DecodeError
+from pg2sink.formats.jsonlines import record_line
 from pg2sink.imports.plan import plan_import
 from pg2sink.imports.reads import text_query
 from pg2sink.sinks.file.imports import FileImportWriter
@@ -207,7 +207,7 @@ def write(job: ImportTable, batches: list[pa.RecordBatch], path: Path, vectorise
 def stream_lines(job: ImportTable, rows: list[list[str | None]]) -> bytes:
     """The lines the stream's FileSink writes for the rows decoded one by one."""
     names = tuple(f["pg.column"] for f in job.schema.schema["fields"])
-    decoder = RowDecoder(names, job.converters(json_values=True))
+    decoder = RowDecoder(names, job.converters(to_json=True))
     s = job.schema
     return b"".join(
         record_line(

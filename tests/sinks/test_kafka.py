@@ -35,13 +35,14 @@ from psycopg.types.json import Jsonb
 from pg2sink import cli
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.changelog import _cmodule
+from pg2sink.changelog.builder import TableShape
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.config import Settings
 from pg2sink.errors import ConfigError, SinkError
+from pg2sink.formats.kafka import modification_json
 from pg2sink.sinks.file import FileSink
 from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.config import KafkaConfig
-from pg2sink.sinks.kafka.formats import modification_json
 from pg2sink.sinks.kafka.producer import producer_settings
 from pg2sink.sinks.kafka.sink import KafkaSink
 from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
@@ -996,8 +997,8 @@ def test_new_rows_go_through_the_native_encoder_and_read_back_equal(
     sink.open()
     written: list[bool] = []
 
-    def counted(namespace: str, name: str) -> Callable[..., bool] | None:
-        raw = sink.raw_row_writer(namespace, name)
+    def counted(table: TableShape) -> Callable[..., bool] | None:
+        raw = sink.row_writer(table)
         if raw is None:
             return None
 
@@ -1009,7 +1010,7 @@ def test_new_rows_go_through_the_native_encoder_and_read_back_equal(
 
     try:
         handler = ChangelogHandler(Catalog(conn), sink)
-        handler.builder.raw_writers = counted
+        handler.builder.row_writer = counted
         end = 0
         for lsn, data in messages:
             end = handler.feed(bytes(data), int(lsn)) or end

@@ -30,9 +30,10 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 import services
 
-from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Message, Modification, Operation, Schema, Truncation
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
+from pg2sink.formats.jsonlines import record_line
+from pg2sink.formats.kinesis import MESSAGES_KEY, Payload
 from pg2sink.observability.stats import StreamStats
 from pg2sink.retry import bounded_wait
 from pg2sink.sinks.delivery import Marks as _Marks
@@ -48,7 +49,6 @@ from pg2sink.sinks.kinesis.batching import (
 )
 from pg2sink.sinks.kinesis.config import KinesisConfig
 from pg2sink.sinks.kinesis.imports import KinesisImportTarget
-from pg2sink.sinks.kinesis.payload import MESSAGES_KEY, Payload
 from pg2sink.sinks.kinesis.sender import Sender
 from pg2sink.sinks.kinesis.sink import KinesisSink
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
@@ -424,7 +424,7 @@ def test_imports_put_the_schema_once_then_every_row_keyed(
 ) -> None:
     table = import_table()
     target = KinesisImportTarget(KinesisConfig(stream, kinesis_endpoint=kinesis_endpoint))
-    assert target.problem() is None and target.json_values
+    assert target.problem() is None
     # executors get the target pickled, and return only once their rows are stored
     executor = pickle.loads(pickle.dumps(target.begin(table.schema)))
     batches = [

@@ -30,8 +30,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pg2sink.catalog.types import PgType
 from pg2sink.changelog.batches import ImportTable
-from pg2sink.changelog.jsonenc import loads
-from pg2sink.changelog.jsonlines import record_line
+from pg2sink.changelog.builder import TableShape
 from pg2sink.changelog.records import (
     Message,
     Modification,
@@ -42,8 +41,11 @@ from pg2sink.changelog.records import (
 )
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.formats.jsonenc import loads
+from pg2sink.formats.jsonlines import record_line
 from pg2sink.imports import jobs
 from pg2sink.imports.spark import ImportTask, SparkRunner
+from pg2sink.logical import encode
 from pg2sink.sinks.nats import sink as nats_sink
 from pg2sink.sinks.nats.client import Publisher
 from pg2sink.sinks.nats.config import NatsConfig, shown_url, url_secrets
@@ -335,22 +337,38 @@ def test_records_arrive_on_their_subjects_with_their_lines(
 def test_the_new_row_shortcut_stores_what_write_stores(
     nats_cfg: NatsConfig, nats_url: str, topic_prefix: str
 ) -> None:
-    """write_new_row (the changelog's fast path, no Modification built) publishes the
+    """The row writer (the changelog's fast path, no Modification built) publishes the
     bytes `write` publishes for the same change: subject, Nats-Msg-Id and payload."""
     schema = table_schema("t")
     changes = [
         Modification(T, 0, 2001, 9, Operation.INSERT, "public", "t", None, {"id": 1, "v": "é"}),
-        Modification(T, 1, 2001, 9, Operation.UPDATE, "public", "t", {"id": 1}, {"id": 2}),
+        Modification(T, 1, 2001, 9, Operation.UPDATE, "public", "t", None, {"id": 2, "v": None}),
     ]
+    messages = [
+        encode.insert(7, [b"1", "é".encode()]),
+        b"U" + encode.insert(7, [b"2", None])[1:],
+    ]
+    shape = TableShape(
+        "public",
+        "t",
+        ("id", "v"),
+        (
+            codec_for(
+                PgType(oid=23, name="int4", namespace="pg_catalog", kind="b", category="N"), -1
+            ),
+            codec_for(
+                PgType(oid=25, name="text", namespace="pg_catalog", kind="b", category="S"), -1
+            ),
+        ),
+    )
     with opened(nats_cfg) as sink:
         sink.write(schema)
         for m in changes:
             sink.write(m)
-        for m in changes:
-            sink.write_new_row(
-                m.timestamp, m.sequence + 2, m.lsn, m.xid, m.operation, m.namespace, m.name,
-                m.after, m.before,
-            )  # fmt: skip
+        write_row = sink.row_writer(shape)
+        assert write_row is not None
+        for m, data in zip(changes, messages, strict=True):
+            assert write_row(data, m.timestamp, m.sequence + 2, m.lsn, m.xid, m.operation)
         sink.checkpoint(2100)
         assert sink.flush() == 2100
     got = stored(nats_url, topic_prefix)[1:]

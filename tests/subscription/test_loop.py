@@ -123,8 +123,6 @@ class RecordingSink:
     `flush()` waits for everything, unless `gives_up` (Kafka's bound on waiting
     passed): then it returns only what was acknowledged by then."""
 
-    json_values = True
-
     def __init__(
         self,
         clock: FakeClock,

@@ -41,7 +41,6 @@ class BigQueryImportTarget:
     """The bigquery sink's ImportTarget (sinks/base.py): its settings."""
 
     config: BigQueryConfig
-    json_values = False
 
     def problem(self) -> str | None:
         return None
@@ -59,7 +58,7 @@ class BigQueryImportTarget:
     def write_rows(self, table: ImportTable, batches: Iterator[pa.RecordBatch]) -> int:
         """One partition's rows in a staging table, recorded; the number of rows."""
         layout = staging_layout(table.schema)
-        decoder = BatchDecoder(table, json_values=False)
+        decoder = BatchDecoder(table)
         changes: list[tuple[int, Modification]] = []
         for batch in batches:
             for row in decoder.rows(batch):

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from google.cloud import bigquery
 
-from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.pgvalues import PgText
 from pg2sink.changelog.records import Modification, Schema
+from pg2sink.formats.jsonenc import dumps
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.bigquery.schema import bigquery_type, quote
 from pg2sink.sinks.duckdb.layout import OPERATION, POSITION, Layout

@@ -55,8 +55,6 @@ MAX_BATCH_RECORDS = 50_000
 class BigQuerySink:
     """The BigQuery sink; see the module docstring."""
 
-    json_values = False
-
     def __init__(self, config: BigQueryConfig) -> None:
         self.config = config
         self.slot = STATE_KEY

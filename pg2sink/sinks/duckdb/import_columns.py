@@ -146,7 +146,7 @@ class StagedColumns:
         #: per batch column, its raw column
         self.columns: list[Column] = [by_name[n] for n in table.names]
         self._kernels = [_kernel(Kind(c.kind), c.type) for c in self.columns]
-        self._converters = table.converters(json_values=False)
+        self._converters = table.converters()
         self._decoder: BatchDecoder | None = None
         self._meta: dict[int, list[pa.Array]] = {}
 
@@ -206,7 +206,7 @@ class StagedColumns:
                 values.append([None if v is None else convert(v) for v in texts])
             except Exception:
                 if self._decoder is None:
-                    self._decoder = BatchDecoder(self.table, json_values=False)
+                    self._decoder = BatchDecoder(self.table)
                 self._decoder.fail(batch)  # the precise DecodeError
                 raise
         names = [self.table.names[i] for i in columns]

@@ -125,7 +125,6 @@ class DuckDBImportTarget:
     """The duckdb sink's ImportTarget (sinks/base.py): the database's path."""
 
     path: str
-    json_values = False
 
     def problem(self) -> str | None:
         return None
@@ -214,7 +213,7 @@ def _converter(
         return StagedColumns(layout, table).table_of
     from pg2sink.sinks.duckdb.values import arrow_batch
 
-    decoder = BatchDecoder(table, json_values=False)
+    decoder = BatchDecoder(table)
 
     def reference(batch: pa.RecordBatch, start: int) -> pa.Table:
         changes = [

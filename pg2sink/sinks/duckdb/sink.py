@@ -104,8 +104,6 @@ _INTERNAL = (
 class DuckDBSink:
     """The DuckDB sink; see the module docstring."""
 
-    json_values = False
-
     #: BackgroundCommits' own write and checkpoint, bound at init: the stream calls them
     #: per change and per transaction, with no call of this class's in between
     write: Callable[[Record], None]

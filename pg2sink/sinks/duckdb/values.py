@@ -1,6 +1,6 @@
 """Modifications of one table -> an Arrow table of its raw table's columns.
 
-The sink's rows hold the stream's Python values (json_values False: Decimal, datetime,
+The sink's rows hold the stream's Python values (records.py: Decimal, datetime,
 date, time, bytes, lists...), which Arrow takes as they are, typed by the column's DuckDB
 type. A value the DuckDB type cannot hold (docs/types.md: `PgText` for infinity, BC and
 after-9999 dates and timestamps, time 24:00:00, NaN in numeric(p,s), an array with other
@@ -25,9 +25,9 @@ from decimal import Decimal
 from functools import cache
 from typing import TYPE_CHECKING
 
-from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.pgvalues import PgArray, PgText
 from pg2sink.changelog.records import Modification
+from pg2sink.formats.jsonenc import dumps
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.duckdb.layout import Layout, raw_columns
 

@@ -28,7 +28,7 @@ row. `LineBuilder` builds the same bytes a column at a time instead:
    every other value of such a column (NaN, infinity, BC, year 10000, '-0', ...) goes
    through the stream's converter (codec.to_json) and orjson one by one, which also
    raises the DecodeError of malformed text. NULL is `null`.
-2. One `binary_join_element_wise` of the line's constant pieces (changelog.jsonlines
+2. One `binary_join_element_wise` of the line's constant pieces (formats.jsonlines
    `import_envelope`), the sequence numbers, the keys and the fragments, and a newline:
    the batch's lines, one buffer written with one os.write.
 
@@ -49,7 +49,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from pg2sink.changelog.codecs import Kind
-from pg2sink.changelog.jsonenc import default, dumps
+from pg2sink.formats.jsonenc import default, dumps
 from pg2sink.sinks.file.column_bytes import fixed_datetimes, needs_no_escape
 
 __all__ = ["LineBuilder"]

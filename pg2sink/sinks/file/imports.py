@@ -11,7 +11,7 @@ little left to write, and new lines go to pages the kernel has just freed.
 Every append goes through `append_lines` (append.py), as the stream's FileSink does, so
 executors and the stream share the file and no line glues to a torn one. A batch's
 lines are built column-wise by Arrow kernels (arrow_lines.py, no Python object per value
-for the common types) around the constant parts of the line (changelog/jsonlines.py
+for the common types) around the constant parts of the line (formats/jsonlines.py
 `import_envelope`); a batch Arrow cannot build (lines beyond a string array's 2 GiB)
 goes through the reference path: the stream's own `record_line` per row.
 """
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pg2sink.changelog.batches import BatchDecoder, ImportTable
-from pg2sink.changelog.jsonlines import import_envelope, record_line, schema_line
 from pg2sink.changelog.records import Schema
 from pg2sink.errors import SinkError
+from pg2sink.formats.jsonlines import import_envelope, record_line, schema_line
 from pg2sink.sinks.file.append import append_lines
 
 if TYPE_CHECKING:
@@ -50,7 +50,6 @@ class FileImportTarget:
     """The file sink's ImportTarget (sinks/base.py): the JSON-lines file's path."""
 
     path: str
-    json_values = True
 
     def problem(self) -> str | None:
         if self.path == "-":
@@ -90,7 +89,7 @@ class FileImportWriter:
         every batch on the reference path."""
         self.path = path
         self.table = table
-        self._decoder = BatchDecoder(table, json_values=True)
+        self._decoder = BatchDecoder(table, to_json=True)
         self._lines: LineBuilder | None = None
         if vectorised:
             from pg2sink.sinks.file.arrow_lines import LineBuilder

@@ -4,7 +4,7 @@ Records are appended to a file (or standard output for '-'). A Schema line
 precedes the first Modification of each table and every change of its shape
 (the changelog builder emits them in that order). TRUNCATE Modifications add
 their options, Message records (--messages) have a line of their own (README
-"Records", docs/changes.md; the lines are changelog/jsonlines.py's). `flush()`
+"Records", docs/changes.md; the lines are formats/jsonlines.py's). `flush()`
 flushes Python's buffer and fsyncs a regular file before it reports a checkpoint
 as durable; pipes, terminals and /dev/null cannot be fsynced, so there durability
 ends at write(2).
@@ -28,10 +28,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import BinaryIO
 
-from pg2sink.changelog.jsonenc import dumps_line
-from pg2sink.changelog.jsonlines import NewRowLines, record_line
+from pg2sink.changelog.builder import RowWriter, TableShape
 from pg2sink.changelog.records import Modification, Operation, Record
 from pg2sink.errors import SinkError
+from pg2sink.formats.jsonenc import dumps_line
+from pg2sink.formats.jsonlines import NewRowLines, record_line
 from pg2sink.sinks.file.append import LockedAppender, repair_torn_line
 from pg2sink.sinks.txmeta import TransactionTracker
 
@@ -49,7 +50,9 @@ def _appended_file(fd: int) -> bool:
 class FileSink:
     """JSON-lines sink; see module docstring."""
 
-    json_values = True
+    #: records are written as pg2sink's JSON (relay: a JSON topic's values, in their JSON
+    #: form, can be written here as they are)
+    writes_json = True
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -65,8 +68,6 @@ class FileSink:
         self._in_kernel_mark: int | None = None
         self._in_kernel_pos = 0
         self._durable_pos = 0
-        #: the JSON lines of changes given by their fields (write_new_row)
-        self._lines = NewRowLines(newline=True)
 
     def open(self) -> None:
         try:
@@ -100,45 +101,33 @@ class FileSink:
 
     def write(self, record: Record) -> None:
         """Encode one record as a JSON line and append it to the file's buffer."""
-        if record.__class__ is Modification:
-            r = record
-            self.write_new_row(
-                r.timestamp, r.sequence, r.lsn, r.xid, r.operation, r.namespace, r.name, r.after,
-                r.before,
-            )  # fmt: skip
-            return
-        # Schema, Truncation, Message: a few per transaction at most
         self._append(record_line(record))
 
-    def write_new_row(
-        self,
-        timestamp: datetime,
-        sequence: int,
-        lsn: int,
-        xid: int,
-        operation: Operation,
-        namespace: str,
-        name: str,
-        after: dict[str, object] | None,
-        before: dict[str, object] | None = None,
-    ) -> None:
-        """The line of Modification(timestamp, ..., name, before, after), appended.
+    def row_writer(self, table: TableShape) -> RowWriter:
+        """The line of each new row of `table` (sinks.base.WritesRows): the row read
+        from pgoutput's bytes straight to its JSON values, the line `write` appends for
+        its Modification, byte for byte."""
+        read = table.reader(to_json=True)
+        encode = NewRowLines(table.namespace, table.name, newline=True).encode
 
-        The changelog's fast path calls this directly for each Insert and Update
-        (ChangelogBuilder's `emit_new_row`), without building the record.
-        """
-        line = self._lines.encode(
-            timestamp, sequence, lsn, xid, operation, namespace, name, after, before
-        )
-        # _append(line), written out: the call costs 0.7% of a change (329 instructions
-        # of 44,967, bench/callgrind_stream.py)
-        out = self._out
-        if out is None:
-            raise SinkError("the file sink was not opened")
-        try:
-            out.write(line)
-        except OSError as e:
-            raise SinkError(f"cannot write to {self.path!r}: {e.strerror}") from None
+        def write(
+            data: bytes, timestamp: datetime, sequence: int, lsn: int, xid: int, op: Operation
+        ) -> bool:
+            after = read(data)
+            if after is None:
+                return False
+            line = encode(timestamp, sequence, lsn, xid, op, after)
+            # _append(line), written out: this runs once per change
+            out = self._out
+            if out is None:
+                raise SinkError("the file sink was not opened")
+            try:
+                out.write(line)
+            except OSError as e:
+                raise SinkError(f"cannot write to {self.path!r}: {e.strerror}") from None
+            return True
+
+        return write
 
     def _append(self, line: bytes) -> None:
         out = self._out
@@ -258,29 +247,27 @@ class TransactionsFileSink(FileSink):
         self._transactions = TransactionTracker(self._transaction_line)
 
     def write(self, record: Record) -> None:
-        if isinstance(record, Modification) and record.__class__ is not Modification:
-            # a Truncation (a Modification goes through write_new_row, counted there)
+        if isinstance(record, Modification):
             self._transactions.begin(record.xid, record.timestamp)
             self._transactions.count(record.namespace, record.name)
         super().write(record)
 
-    def write_new_row(
-        self,
-        timestamp: datetime,
-        sequence: int,
-        lsn: int,
-        xid: int,
-        operation: Operation,
-        namespace: str,
-        name: str,
-        after: dict[str, object] | None,
-        before: dict[str, object] | None = None,
-    ) -> None:
-        self._transactions.begin(xid, timestamp)
-        self._transactions.count(namespace, name)
-        super().write_new_row(
-            timestamp, sequence, lsn, xid, operation, namespace, name, after, before
-        )
+    def row_writer(self, table: TableShape) -> RowWriter:
+        inner = super().row_writer(table)
+        begin, count = self._transactions.begin, self._transactions.count
+        namespace, name = table.namespace, table.name
+
+        def write(
+            data: bytes, timestamp: datetime, sequence: int, lsn: int, xid: int, op: Operation
+        ) -> bool:
+            # counted before the line, as write() does: BEGIN comes before it
+            begin(xid, timestamp)
+            if not inner(data, timestamp, sequence, lsn, xid, op):
+                return False
+            count(namespace, name)
+            return True
+
+        return write
 
     def checkpoint(self, lsn: int) -> None:
         self._transactions.checkpoint(lsn)

@@ -7,7 +7,7 @@ they never call the registry. Each task produces its partition with a KafkaSink 
 own (the stream's producer settings: idempotent, acks=all, the user's --kafka-config;
 lz4 compression unless that sets another, producer.PRODUCER_DEFAULTS), keyed by primary
 key and encoded by the same per-table encoders as the stream (Avro: the stream's C
-encoder of new rows, changelog.avro_native, fed each row as the pgoutput Insert message
+encoder of new rows, formats.avro_native, fed each row as the pgoutput Insert message
 of its text, changelog.batches.write_raw), and returns only when the broker
 acknowledged every message: the partition is marked done after that.
 """
@@ -28,8 +28,8 @@ from pg2sink.sinks.kafka.config import KafkaConfig
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
+    from pg2sink.formats.kafka import Format
     from pg2sink.sinks.base import Sink
-    from pg2sink.sinks.kafka.formats import Format
 
 __all__ = [
     "KafkaImportTarget",
@@ -51,17 +51,13 @@ class KafkaImportTarget:
     schema_ids: tuple[tuple[str, int], ...] = ()
     """Avro: the (subject, id) pairs the driver registered in `begin`."""
 
-    @property
-    def json_values(self) -> bool:
-        return self.cfg.format == "json"
-
     def problem(self) -> str | None:
         return None
 
     def begin(self, schema: Schema) -> KafkaImportTarget:
         """Produce the Schema record (registers the subjects, checks the topic, writes
         --schema-topic) and wait for it; the target with the subjects' ids."""
-        from pg2sink.sinks.kafka.formats import AvroFormat, message_format
+        from pg2sink.formats.kafka import AvroFormat, message_format
         from pg2sink.sinks.kafka.sink import KafkaSink
 
         recording: RecordingRegistry | None = None
@@ -92,7 +88,7 @@ class KafkaImportTarget:
 
     def write_rows(self, table: ImportTable, batches: Iterator[pa.RecordBatch]) -> int:
         """Produce every row and wait for every delivery; the number of rows."""
-        from pg2sink.sinks.kafka.formats import AvroFormat, message_format
+        from pg2sink.formats.kafka import AvroFormat, message_format
         from pg2sink.sinks.kafka.sink import KafkaSink
 
         # the driver published the Schema record to --schema-topic once; imports are not
@@ -110,14 +106,12 @@ class KafkaImportTarget:
             s = table.schema
             # the stream's C encoder of new rows (Avro), fed the pgoutput messages of the
             # batches' text; None: the table or process takes the Python path
-            raw = sink.raw_row_writer(s.namespace, s.name)
+            raw = sink.row_writer(table.shape())
             # start_flush after each batch serves delivery reports as we go
             if raw is not None:
                 seq = write_raw(table, batches, raw, sink.write, sink.start_flush)
             else:
-                seq = write_modifications(
-                    table, batches, self.json_values, sink.write, sink.start_flush
-                )
+                seq = write_modifications(table, batches, sink.write, sink.start_flush)
             wait_acknowledged(sink, f"the import's messages of {s.namespace}.{s.name}")
         finally:
             sink.close()

@@ -50,16 +50,16 @@ from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from pg2sink.changelog.builder import RawRowWriter
-from pg2sink.changelog.jsonenc import dumps
-from pg2sink.changelog.jsonlines import message_object, schema_line
+from pg2sink.changelog.builder import RowWriter, TableShape
 from pg2sink.changelog.records import Message as MessageRecord
 from pg2sink.changelog.records import Modification, Operation, Record, Schema, Truncation
 from pg2sink.errors import ConfigError, SinkError
+from pg2sink.formats.jsonenc import dumps
+from pg2sink.formats.jsonlines import message_object, schema_line
+from pg2sink.formats.kafka import Format, TableFormat, message_format
 from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.config import KafkaConfig
-from pg2sink.sinks.kafka.formats import Format, TableFormat, message_format
 from pg2sink.sinks.kafka.health import PROBE_WAIT, BrokerHealth
 from pg2sink.sinks.kafka.producer import (
     TROUBLE,
@@ -99,7 +99,7 @@ class KafkaSink:
         self.router = TopicRouter(cfg.topic_prefix, dict(cfg.topic_map), cfg.fallback_topic)
         self.message_topic = cfg.message_topic or topic_name(cfg.topic_prefix, "messages")
         self._format = fmt
-        self.json_values = cfg.format == "json"
+        self.writes_json = cfg.format == "json"
         self._producer: Any = None
         self._tables: dict[tuple[str, str], tuple[str, TableFormat]] = {}
         self._checkpoints = Checkpoints()
@@ -189,7 +189,7 @@ class KafkaSink:
         if self._failure is not None:
             self._raise_failure()
         if record.__class__ is Modification or record.__class__ is Truncation:
-            # every change the raw writer (raw_row_writer) does not take: inline rather
+            # every change the row writer (row_writer) does not take: inline rather
             # than a method of its own, a call less per change
             m: Modification = record
             if self._txtopic is not None:
@@ -221,12 +221,11 @@ class KafkaSink:
             assert isinstance(record, Schema)
             self._write_schema(record)
 
-    def raw_row_writer(self, namespace: str, name: str) -> RawRowWriter | None:
-        """The builder's writer of this table's new rows (ChangelogBuilder.raw_writers):
-        key and value straight from pgoutput's bytes by the table's native encoder, then
-        produced as write() would; False when the encoder declines a message (the builder
-        then decodes it and calls write()). None: no native encoder for this table."""
-        entry = self._tables.get((namespace, name))
+    def row_writer(self, table: TableShape) -> RowWriter | None:
+        """The writer of this table's new rows (sinks.base.WritesRows): key and value from
+        pgoutput's bytes by the table's native encoder, produced as write() would; False
+        when it declines a message (write() then gets it); None: no native encoder."""
+        entry = self._tables.get((table.namespace, table.name))
         native = entry[1].native if entry is not None else None
         if entry is None or native is None:
             return None
@@ -268,7 +267,8 @@ class KafkaSink:
             produce(topic, key, value, headers)
             return True
 
-        return write if self._txtopic is None else self._txtopic.wrap(write, namespace, name)
+        txtopic = self._txtopic
+        return write if txtopic is None else txtopic.wrap(write, table.namespace, table.name)
 
     def _write_schema(self, s: Schema) -> None:
         topic = self.router.topic(s.namespace, s.name)

@@ -45,9 +45,9 @@ from typing import NoReturn
 from confluent_kafka import KafkaError, KafkaException
 
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
+from pg2sink.formats.kafka import Format
 from pg2sink.logical.lsn import format_lsn
 from pg2sink.sinks.kafka.config import KafkaConfig
-from pg2sink.sinks.kafka.formats import Format
 from pg2sink.sinks.kafka.offsets import (
     checkpoint_value,
     client_settings,

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from pg2sink.changelog.builder import RawRowWriter
-from pg2sink.changelog.jsonenc import dumps
+from pg2sink.changelog.builder import RowWriter
 from pg2sink.changelog.records import Modification, Operation
+from pg2sink.formats.jsonenc import dumps
 from pg2sink.sinks.txmeta import TransactionTracker
 
 __all__ = ["TransactionTopic"]
@@ -53,7 +53,7 @@ class TransactionTopic:
         self._transactions.begin(m.xid, m.timestamp)
         self._transactions.count(m.namespace, m.name)
 
-    def wrap(self, inner: RawRowWriter, namespace: str, name: str) -> RawRowWriter:
+    def wrap(self, inner: RowWriter, namespace: str, name: str) -> RowWriter:
         """`inner`, counting the changes it takes (one it declines comes back through
         the sink's write, which counts it)."""
         begin = self._transactions.begin

@@ -37,7 +37,6 @@ class KinesisImportTarget:
     """The Kinesis sink's ImportTarget (sinks/base.py): the stream's settings."""
 
     cfg: KinesisConfig = dataclasses.field(repr=False)
-    json_values = True
 
     def problem(self) -> str | None:
         return None
@@ -57,7 +56,7 @@ class KinesisImportTarget:
         sink = self._open()
         try:
             sink.learn_table(table.schema)  # the driver put the Schema record once
-            seq = write_modifications(table, batches, True, sink.write, sink.start_flush)
+            seq = write_modifications(table, batches, sink.write, sink.start_flush)
             s = table.schema
             _wait_stored(sink, f"the import's records of {s.namespace}.{s.name}")
         finally:

@@ -44,11 +44,11 @@ from botocore.exceptions import ConnectionError as NoConnection
 
 from pg2sink.changelog.records import Record, Schema
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
+from pg2sink.formats.kinesis import Payload, bounded_key, payload_for
 from pg2sink.options import add_secret
 from pg2sink.sinks.delivery import Marks
 from pg2sink.sinks.kinesis.batching import MAX_RECORD_BYTES, Entry
 from pg2sink.sinks.kinesis.config import KinesisConfig
-from pg2sink.sinks.kinesis.payload import Payload, bounded_key, payload_for
 from pg2sink.sinks.kinesis.sender import MAX_QUEUED, STALL_WAIT, Sender
 
 if TYPE_CHECKING:
@@ -98,7 +98,9 @@ _RETRYABLE_CODES = frozenset(
 class KinesisSink:
     """Sink putting records to a Kinesis data stream; see the module docstring."""
 
-    json_values = True
+    #: records are written as pg2sink's JSON (relay: a JSON topic's values, in their JSON
+    #: form, can be written here as they are)
+    writes_json = True
 
     def __init__(
         self,

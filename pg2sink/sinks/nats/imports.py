@@ -33,8 +33,6 @@ class NatsImportTarget:
     cfg: NatsConfig = dataclasses.field(repr=False)
     """The stream's NATS settings (holds secrets: never logged)."""
 
-    json_values = True
-
     def problem(self) -> str | None:
         return None
 
@@ -59,7 +57,7 @@ class NatsImportTarget:
         sink.open()
         try:
             sink.write(table.schema)
-            seq = write_modifications(table, batches, self.json_values, sink.write)
+            seq = write_modifications(table, batches, sink.write)
             s = table.schema
             sink.publish_all(f"the import's messages of {s.namespace}.{s.name}")
         finally:

@@ -3,8 +3,8 @@ acknowledged it and everything before it.
 
 Per record (subjects and message ids: subjects.py; payloads: payload.py):
 - Modification: the JSON line of the change to `<prefix>.<schema>.<table>`. With the
-  default --format json an Insert's or Update's new row comes through `write_new_row`
-  (sinks.base.WritesNewRows) without a Modification record, as in the file sink.
+  default --format json an Insert's or Update's new row comes through the sink's
+  RowWriter (sinks.base.WritesRows) without a Modification record, as in the file sink.
 - Schema: its JSON line to `<prefix>.<schema>.<table>.schema` (not with imports' rows:
   the import's driver published it once).
 - Message (--messages): its JSON line to `<prefix>.messages`.
@@ -44,15 +44,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from pg2sink.changelog.jsonenc import dumps
-from pg2sink.changelog.jsonlines import NewRowLines
+from pg2sink.changelog.builder import RowWriter, TableShape
 from pg2sink.changelog.records import Message, Modification, Operation, Record, Schema, Truncation
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.formats.jsonenc import dumps
+from pg2sink.formats.jsonlines import NewRowLines
+from pg2sink.formats.nats import JsonPayload, Payload, payload_for
 from pg2sink.options import format_duration
 from pg2sink.sinks.delivery.outbox import Outbox
 from pg2sink.sinks.nats.client import Outgoing, Publisher
 from pg2sink.sinks.nats.config import NatsConfig, subject_problem
-from pg2sink.sinks.nats.payload import JsonPayload, Payload, payload_for
 from pg2sink.sinks.nats.subjects import MESSAGES, table_subject
 from pg2sink.sinks.nats.wire import NO_HEADERS, msg_id_header
 
@@ -96,6 +97,10 @@ class _Table:
 class NatsSink(Outbox[Outgoing]):
     """Sink publishing records to NATS JetStream; see the module docstring."""
 
+    #: records are written as pg2sink's JSON (relay: a JSON topic's values, in their JSON
+    #: form, can be written here as they are)
+    writes_json = True
+
     def __init__(
         self, cfg: NatsConfig, payload: Payload | None = None, *, schemas: bool = True
     ) -> None:
@@ -104,14 +109,10 @@ class NatsSink(Outbox[Outgoing]):
         super().__init__(BATCH, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES)
         self.cfg = cfg
         self._payload = payload or payload_for(cfg)
-        self.json_values = self._payload.json_values
         self._schemas = schemas
         self._publisher: Publisher | None = None
         self._tables: dict[tuple[str, str], _Table] = {}
         self._messages_subject = f"{cfg.nats_subject_prefix}.{MESSAGES}".encode()
-        #: the JSON payloads of changes given by their fields (write_new_row), when the
-        #: payload is pg2sink's JSON
-        self._lines = NewRowLines(newline=False) if type(self._payload) is JsonPayload else None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -182,40 +183,35 @@ class NatsSink(Outbox[Outgoing]):
                 payload = self._payload.schema(record)
                 self.put((table.schema_subject, payload, header), len(payload))
 
-    def write_new_row(
-        self,
-        timestamp: datetime,
-        sequence: int,
-        lsn: int,
-        xid: int,
-        operation: Operation,
-        namespace: str,
-        name: str,
-        after: dict[str, object] | None,
-        before: dict[str, object] | None = None,
-    ) -> None:
-        """`write(Modification(timestamp, ..., name, before, after))` without the record:
-        the changelog's fast path calls this for each Insert and Update (ChangelogBuilder's
-        `emit_new_row`); the same message `write` publishes, byte for byte."""
-        lines = self._lines
-        table = self._tables.get((namespace, name))
-        if lines is None or table is None or operation is Operation.IMPORT:
-            # another --format, or what `write` reports or treats apart
-            m = Modification(
-                timestamp, sequence, lsn, xid, operation, namespace, name, before, after
-            )
-            self.write(m)
-            return
-        payload = lines.encode(
-            timestamp, sequence, lsn, xid, operation, namespace, name, after, before
-        )
-        # put, inlined: this runs once per change (a call is ~2% of its instructions)
-        batch = self._batch
-        batch.append((table.subject, payload, table.change_header % (lsn, sequence)))
-        self._written += 1
-        self._written_bytes += len(payload)
-        if len(batch) >= self._batch_limit:
-            self._hand_over()
+    def row_writer(self, table: TableShape) -> RowWriter | None:
+        """The message of each new row of `table` (sinks.base.WritesRows) with the
+        default --format json: the row read from pgoutput's bytes straight to its JSON
+        values, the message `write` publishes for its Modification, byte for byte. None
+        for another --format (its encoder takes records)."""
+        known = self._tables.get((table.namespace, table.name))
+        if type(self._payload) is not JsonPayload or known is None:
+            return None
+        read = table.reader(to_json=True)
+        encode = NewRowLines(table.namespace, table.name, newline=False).encode
+        subject, change_header = known.subject, known.change_header
+
+        def write(
+            data: bytes, timestamp: datetime, sequence: int, lsn: int, xid: int, op: Operation
+        ) -> bool:
+            after = read(data)
+            if after is None:
+                return False
+            payload = encode(timestamp, sequence, lsn, xid, op, after)
+            # _put, inlined: this runs once per change (a call is ~2% of its instructions)
+            batch = self._batch
+            batch.append((subject, payload, change_header % (lsn, sequence)))
+            self._written += 1
+            self._written_bytes += len(payload)
+            if len(batch) >= self._batch_limit:
+                self._hand_over()
+            return True
+
+        return write
 
     def publish(
         self,

@@ -24,8 +24,6 @@ __all__ = ["NullImportTarget"]
 class NullImportTarget:
     """The null sink's ImportTarget (sinks/base.py): no settings, nothing written."""
 
-    json_values = False
-
     def problem(self) -> str | None:
         return None
 
@@ -34,5 +32,5 @@ class NullImportTarget:
 
     def write_rows(self, table: ImportTable, batches: Iterator[pa.RecordBatch]) -> int:
         """Decode every row of the batches; their number."""
-        rows = BatchDecoder(table, self.json_values).rows
+        rows = BatchDecoder(table).rows
         return sum(1 for batch in batches for _ in rows(batch))

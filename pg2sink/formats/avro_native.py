@@ -33,9 +33,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pg2sink.changelog import _cmodule
-from pg2sink.changelog.avro import _EPOCH_UTC, TableEncoder, avro_string
 from pg2sink.changelog.codecs import KINDS, Kind, kind_of
 from pg2sink.changelog.records import Operation
+from pg2sink.formats.avro import _EPOCH_UTC, TableEncoder, avro_string
 
 if TYPE_CHECKING:
     from pg2sink.changelog._avro_native import RowEncoder

@@ -1,7 +1,7 @@
 """Message keys and values of one table, in the formats of --format.
 
 avro (default): Confluent wire format (magic byte 0, 4-byte schema id, Avro binary body).
-  The value is the Modification envelope of changelog.avro, the key the record of the key
+  The value is the Modification envelope of formats.avro, the key the record of the key
   columns; both registered under TopicNameStrategy subjects when the table's Schema
   record arrives, so a new table shape registers new versions before its first change.
 json: the value is the file sink's JSON line of the Modification (without the newline),
@@ -20,14 +20,14 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Protocol
 
-from pg2sink.changelog.avro import TableEncoder
-from pg2sink.changelog.avro_native import NativeRowEncoder
-from pg2sink.changelog.jsonenc import dumps
-from pg2sink.changelog.jsonlines import modification_object
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.errors import ConfigError
+from pg2sink.formats.avro import TableEncoder
+from pg2sink.formats.avro_native import NativeRowEncoder
 from pg2sink.formats.base import Encoder, Origin
 from pg2sink.formats.base import TableEncoder as FormatTable
+from pg2sink.formats.jsonenc import dumps
+from pg2sink.formats.jsonlines import modification_object
 from pg2sink.formats.registry import encoder
 from pg2sink.registry import SchemaRegistry, key_subject, value_subject, wire_header
 from pg2sink.sinks.kafka.config import KafkaConfig
@@ -76,9 +76,6 @@ class TableFormat(Protocol):
 class Format(Protocol):
     """Makes a TableFormat from a table's Schema record and its topic."""
 
-    #: whether row values should reach the sink in their JSON form (Sink.json_values)
-    json_values: bool
-
     def table(self, schema: Schema, topic: str) -> TableFormat: ...
 
     def close(self) -> None: ...
@@ -90,7 +87,7 @@ class _AvroTable:
     `key` and `value` are partials of the encoder's methods rather than methods that call
     them: one Python call less per message key and per message value. `native` encodes
     an Insert's or Update's new row from pgoutput's bytes straight to the key and value
-    (changelog.avro_native), when the extension is built and handles the table's types.
+    (formats.avro_native), when the extension is built and handles the table's types.
     """
 
     __slots__ = ("key", "native", "value")
@@ -109,8 +106,6 @@ class _AvroTable:
 
 class AvroFormat:
     """--format avro: registers each table shape, then writes the wire format."""
-
-    json_values = False
 
     def __init__(self, registry: SchemaRegistry) -> None:
         self.registry = registry
@@ -146,8 +141,6 @@ class _JsonTable:
 class JsonFormat:
     """--format json: the file sink's JSON, no registry."""
 
-    json_values = True
-
     def table(self, schema: Schema, topic: str) -> TableFormat:
         # Schema.primary_key is in key order; the row record's list in table order
         key_columns = tuple(schema.primary_key or schema.schema.get("pg.primary_key") or ())
@@ -169,8 +162,6 @@ class _EncoderTable:
 class EncoderFormat:
     """A formats/ encoder's messages (--format pg-kinesis, wal-listener, psql-streamer,
     debezium); no registry."""
-
-    json_values = False  # the encoders read both value forms (formats/base.py)
 
     def __init__(self, encoder: Encoder) -> None:
         self._encoder = encoder

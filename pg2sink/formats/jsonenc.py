@@ -32,7 +32,7 @@ How each value from `pg2sink.changelog.typemap` is written:
 (4) null for NULL elements; the fractional seconds of time and datetime values appear
     only when not zero, with 6 digits.
 (5) Negative zero is -0.0, never -0, which most JSON readers take for the integer 0.
-(6) For sinks that write JSON (Sink.json_values): the value decoded straight to its
+(6) For encoders that write JSON (ValueCodec.to_json): the value decoded straight to its
     JSON form, without a Decimal or float (pgvalues' JSON fast path).
 
 The UNCHANGED_TOAST marker is an object: no column value ever encodes as one (json and

@@ -338,7 +338,7 @@ class TableEncoder:
 
     Built once per Schema record of the table: it parses the envelope and key schemas
     and compiles the row converters, so encoding a change is a dict build plus fastavro.
-    This is the reference Python writer; the C encoder (changelog.avro_native) writes the
+    This is the reference Python writer; the C encoder (formats.avro_native) writes the
     same bytes for an Insert's or Update's new row when the process runs it.
     """
 

@@ -16,7 +16,7 @@ changes. A key longer than Kinesis's 256 characters becomes `sha256:` and the he
 digest of its UTF-8: the same row always gets the same key.
 
 The data is, with --format json (the default), the record's JSON line
-(changelog/jsonlines.py) without the newline, the file sink's and Kafka's JSON
+(formats/jsonlines.py) without the newline, the file sink's and Kafka's JSON
 (`json_data`). With another --format (formats/: pg-kinesis, wal-listener,
 psql-streamer, debezium) a change is that format's message, Schema records are not put
 (the seed tools' consumers read changes only; the stream's key columns are still
@@ -29,11 +29,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from pg2sink.changelog.jsonenc import dumps
-from pg2sink.changelog.jsonlines import record_line
 from pg2sink.changelog.records import Message, Modification, Operation, Record, Schema
 from pg2sink.errors import SinkError
 from pg2sink.formats.base import Encoder, Origin, TableEncoder, key_columns
+from pg2sink.formats.jsonenc import dumps
+from pg2sink.formats.jsonlines import record_line
 from pg2sink.formats.registry import encoder
 from pg2sink.sinks.kinesis.batching import MAX_KEY_CHARS, MAX_RECORD_BYTES, Entry
 from pg2sink.sinks.kinesis.config import KinesisConfig

@@ -1,7 +1,7 @@
 """What a NATS message carries: the encoding of each record kind, in one place.
 
 `JsonPayload` (--format json, the default) writes the file sink's JSON line of the
-record, without its newline (changelog/jsonlines.py, README "Records"). `FormatPayload`
+record, without its newline (formats/jsonlines.py, README "Records"). `FormatPayload`
 writes each change in another --format (formats/: pg-kinesis, wal-listener,
 psql-streamer, debezium), table by table from their Schema records, which it learns
 whether or not they are published; Schema records (on their `.schema` subjects) and
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pg2sink.changelog.jsonenc import dumps
-from pg2sink.changelog.jsonlines import message_object, modification_object, schema_line
 from pg2sink.changelog.records import Message, Modification, Schema
 from pg2sink.errors import SinkError
 from pg2sink.formats.base import Encoder, Origin, TableEncoder
+from pg2sink.formats.jsonenc import dumps
+from pg2sink.formats.jsonlines import message_object, modification_object, schema_line
 from pg2sink.formats.registry import encoder
 from pg2sink.sinks.nats.config import NatsConfig
 
@@ -25,9 +25,6 @@ __all__ = ["FormatPayload", "JsonPayload", "Payload", "payload_for"]
 
 class Payload(Protocol):
     """The bytes of each record kind's message."""
-
-    #: whether row values should reach the sink in their JSON form (Sink.json_values)
-    json_values: bool
 
     def learn(self, s: Schema) -> None:
         """Take a table's shape (its changes that follow are encoded by it)."""
@@ -42,8 +39,6 @@ class Payload(Protocol):
 
 class JsonPayload:
     """The record's JSON line without the newline."""
-
-    json_values = True
 
     def learn(self, s: Schema) -> None:
         pass  # the JSON line needs no table shape

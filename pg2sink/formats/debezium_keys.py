@@ -17,9 +17,9 @@ from typing import cast
 
 from pg2sink.changelog.records import Modification, Operation, Record, Schema
 from pg2sink.formats.base import key_columns
+from pg2sink.formats.kafka import Format
 from pg2sink.logical.messages import UnchangedToast
 from pg2sink.sinks.kafka.config import KafkaConfig
-from pg2sink.sinks.kafka.formats import Format
 from pg2sink.sinks.kafka.sink import KafkaSink
 
 __all__ = ["DebeziumKeyChanges", "with_key_changes"]

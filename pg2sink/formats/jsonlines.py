@@ -1,9 +1,9 @@
 """The JSON form of each record kind (README "Records"), one line per record.
 
 The file sink writes these lines; Kafka's JSON format and its schema and message topics
-write the same objects. The sinks' once-per-change shortcut (`write_new_row`, file and
-NATS) builds the plain Modification's object with `NewRowLines`, the same keys in the
-same order, and the golden files (tests/golden) hold both to the same bytes.
+write the same objects. The sinks' writers of new rows (Sink.row_writer, file and NATS)
+build the plain Modification's object with `NewRowLines`, the same keys in the same
+order, and the golden files (tests/golden) hold both to the same bytes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from datetime import datetime
 
 import orjson
 
-from pg2sink.changelog.jsonenc import LINE_OPTIONS, OPTIONS, default, dumps, dumps_line
 from pg2sink.changelog.records import (
     Message,
     Modification,
@@ -21,6 +20,7 @@ from pg2sink.changelog.records import (
     Schema,
     Truncation,
 )
+from pg2sink.formats.jsonenc import LINE_OPTIONS, OPTIONS, default, dumps, dumps_line
 
 __all__ = [
     "NewRowLines",
@@ -66,16 +66,18 @@ def modification_object(m: Modification) -> dict[str, object]:
 
 
 class NewRowLines:
-    """The JSON of a plain Modification from its fields, for a sink's once-per-change
-    shortcut (sinks.base.WritesNewRows): `modification_object`'s object written as a dict
-    (orjson writes one in half the time of a slotted dataclass: 0.46 vs 0.98 us,
-    measured), with the commit time, the same for every change of a transaction,
+    """The JSON of one table's plain Modifications (an Insert's or Update's new row) from
+    their fields, for a sink's RowWriter (sinks.base.WritesRows): `modification_object`'s
+    object written as a dict (orjson writes one in half the time of a slotted dataclass:
+    0.46 vs 0.98 us), with the commit time, the same for every change of a transaction,
     formatted once per transaction and reused as a raw fragment. `newline`: a JSON line
     (the file sink) or the object alone (a NATS message)."""
 
-    __slots__ = ("_options", "_timestamp", "_timestamp_json")
+    __slots__ = ("_name", "_namespace", "_options", "_timestamp", "_timestamp_json")
 
-    def __init__(self, *, newline: bool) -> None:
+    def __init__(self, namespace: str, name: str, *, newline: bool) -> None:
+        self._namespace = namespace
+        self._name = name
         self._options = LINE_OPTIONS if newline else OPTIONS
         self._timestamp: object = None
         self._timestamp_json = orjson.Fragment(b"null")
@@ -87,12 +89,10 @@ class NewRowLines:
         lsn: int,
         xid: int,
         operation: Operation,
-        namespace: str,
-        name: str,
-        after: dict[str, object] | None,
-        before: dict[str, object] | None,
+        after: dict[str, object],
     ) -> bytes:
-        """The JSON of Modification(timestamp, sequence, ..., name, before, after)."""
+        """The JSON of Modification(timestamp, sequence, lsn, xid, operation, namespace,
+        name, None, after)."""
         if timestamp is not self._timestamp:
             self._timestamp = timestamp
             self._timestamp_json = orjson.Fragment(dumps(timestamp))
@@ -104,9 +104,9 @@ class NewRowLines:
                 "lsn": lsn,
                 "xid": xid,
                 "operation": operation,
-                "namespace": namespace,
-                "name": name,
-                "before": before,
+                "namespace": self._namespace,
+                "name": self._name,
+                "before": None,
                 "after": after,
             },
             default=default,
