@@ -28,9 +28,11 @@ __all__ = [
     "Origin",
     "TableEncoder",
     "columns_of",
+    "item_kind",
     "json_of",
     "key_columns",
     "key_of",
+    "pg_array_text",
     "pg_text",
     "text_of",
 ]
@@ -150,3 +152,46 @@ def pg_text(value: object, kind: Kind | None) -> str | None:
         raw = bytes(value) if isinstance(value, bytes | bytearray | memoryview) else b64decode(text)
         return "\\x" + raw.hex()
     return text
+
+
+def item_kind(column: Column) -> Kind | None:
+    """The kind of an array column's elements; None for another column or an element
+    type no kind describes."""
+    if column.avro.get("type") != "array":
+        return None
+    items = column.avro.get("items")
+    branches = items if isinstance(items, list) else [items]
+    item = next((b for b in branches if isinstance(b, dict)), None)
+    if item is None:
+        item = {"type": next((b for b in branches if b != "null"), "string")}
+    try:
+        return kind_of(item)
+    except ValueError:
+        return None
+
+
+#: what makes PostgreSQL's array_out double-quote an element (besides white space)
+_ARRAY_SPECIAL = frozenset('{},"\\')
+
+
+def _array_element(value: object, kind: Kind | None) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, list):
+        return "{" + ",".join(_array_element(v, kind) for v in value) + "}"
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    text = pg_text(value, kind) or ""
+    if not text or text.upper() == "NULL" or any(c in _ARRAY_SPECIAL or c.isspace() for c in text):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def pg_array_text(value: object, kind: Kind | None) -> str | None:
+    """The text PostgreSQL's array_out writes for an array value (`{a,NULL}`,
+    `{{1,2},{3,4}}`, `{"a b","x\\"y"}`), its elements as pg_text writes them, booleans
+    t and f; None for NULL."""
+    items = json_of(value)
+    if items is None:
+        return None
+    return _array_element(items, kind) if isinstance(items, list) else text_of(value)

@@ -11,8 +11,9 @@ declaration order, and Columns is a Go map, whose keys json.Marshal sorts:
 
 - Host and Database: the source connection's (`unknown` for an empty host, as there);
   Table: the table's name without its schema; Action: insert, update, delete.
-- WALPosition: the change's LSN as a number; Columns: the new row, the old one (key, or
-  the whole row with REPLICA IDENTITY FULL) for DELETE.
+- WALPosition: the change's LSN as a number; Columns: the new row, the old one for
+  DELETE: every column of the table, the key's set and the rest null (the whole row with
+  REPLICA IDENTITY FULL), as the tool decoded pgoutput's old-key tuple.
 - Values as pgx decoded them: numbers, booleans, strings and null as such; timestamps as
   Go's time.Time JSON (pgx reads a timestamp without time zone as UTC, and a date as
   its midnight UTC).
@@ -59,10 +60,13 @@ def _as_go_time(value: object, kind: Kind | None) -> object:
 
 
 class _PsqlStreamerTable:
-    __slots__ = ("_head", "_keys", "_times")
+    __slots__ = ("_columns", "_head", "_keys", "_times")
 
     def __init__(self, schema: Schema, origin: Origin) -> None:
         self._keys = key_columns(schema)
+        #: every column: a DELETE's Columns hold each (null but the key's), as pgoutput's
+        #: old-key tuple decoded by the tool did
+        self._columns = tuple(c.name for c in columns_of(schema))
         self._head = (origin.host or "unknown", origin.database, schema.name)
         #: the date and timestamp columns, whose values pgx made a time.Time
         self._times = {
@@ -74,6 +78,8 @@ class _PsqlStreamerTable:
 
     def value(self, m: Modification) -> bytes:
         row = data_row(m) or {}
+        if m.operation is Operation.DELETE:
+            row = {**dict.fromkeys(self._columns), **row}
         columns: dict[str, object] = {}
         for name in sorted(row):  # Go's json.Marshal sorts a map's keys
             value = row[name]

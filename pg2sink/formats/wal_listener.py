@@ -11,7 +11,8 @@ listener/wal_transaction.go): the Event struct with its easyjson tags, in this o
   the whole row with REPLICA IDENTITY FULL) for DELETE.
 - data values (Column.AssertValue): bool a JSON boolean, int4 a JSON number, every
   other type a string, the value's text (base.pg_text: PostgreSQL's own for numbers,
-  text, dates, timestamps, bytea; pg2sink's JSON for arrays, ISO 8601 for intervals).
+  text, dates, timestamps, bytea; base.pg_array_text: array_out's for arrays, `{a,NULL}`;
+  ISO 8601 for intervals).
 - commitTime: the transaction's commit time as Go writes a time.Time (gotime.go_time).
 
 Where pg2sink differs, on purpose (docs/formats.md): id is a name-based UUID of the
@@ -27,7 +28,15 @@ from collections.abc import Mapping
 
 from pg2sink.changelog.codecs import Kind
 from pg2sink.changelog.records import Modification, Operation, Schema
-from pg2sink.formats.base import TableEncoder, columns_of, key_columns, key_of, pg_text
+from pg2sink.formats.base import (
+    TableEncoder,
+    columns_of,
+    item_kind,
+    key_columns,
+    key_of,
+    pg_array_text,
+    pg_text,
+)
 from pg2sink.formats.gotime import go_time, message_uuid
 from pg2sink.formats.jsonenc import dumps
 from pg2sink.logical.messages import UnchangedToast
@@ -46,16 +55,19 @@ def data_row(m: Modification) -> Mapping[str, object] | None:
 
 
 class _WalListenerTable:
-    __slots__ = ("_keys", "_texts")
+    __slots__ = ("_arrays", "_keys", "_texts")
 
     def __init__(self, schema: Schema) -> None:
         self._keys = key_columns(schema)
-        #: column -> its kind, for the columns whose values are PostgreSQL's text (all
-        #: but bool and int4, which AssertValue parsed)
+        columns = columns_of(schema)
+        #: the array columns -> their elements' kind: PostgreSQL's array text
+        self._arrays = {c.name: item_kind(c) for c in columns if c.avro.get("type") == "array"}
+        #: column -> its kind, for the other columns whose values are PostgreSQL's text
+        #: (all but bool and int4, which AssertValue parsed)
         self._texts = {
             c.name: c.kind
-            for c in columns_of(schema)
-            if c.kind is not Kind.BOOLEAN and c.pg_type != "int4"
+            for c in columns
+            if c.kind is not Kind.BOOLEAN and c.pg_type != "int4" and c.name not in self._arrays
         }
 
     def key(self, row: Mapping[str, object]) -> bytes | None:
@@ -63,11 +75,15 @@ class _WalListenerTable:
 
     def value(self, m: Modification) -> bytes:
         data: dict[str, object] = {}
-        texts = self._texts
+        texts, arrays = self._texts, self._arrays
         for name, value in (data_row(m) or {}).items():
             if isinstance(value, UnchangedToast):
                 continue  # not sent by PostgreSQL: no value to write
-            data[name] = pg_text(value, texts[name]) if name in texts else value
+            if name in texts:
+                value = pg_text(value, texts[name])
+            elif name in arrays:
+                value = pg_array_text(value, arrays[name])
+            data[name] = value
         return dumps(
             {
                 "id": message_uuid(m),

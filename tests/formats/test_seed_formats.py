@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import pytest
+from psycopg import sql
 
+from pg2sink.changelog.codecs import Kind
 from pg2sink.changelog.records import Modification
-from pg2sink.formats.base import Origin
+from pg2sink.formats.base import Origin, pg_array_text
 from pg2sink.formats.gotime import go_time
+from pg2sink.formats.jsonenc import loads
 from pg2sink.formats.pg_kinesis import format_lsn, qualified, type_name
 from pg2sink.formats.registry import encoder
 from tests.formats.sample import (
@@ -81,20 +85,21 @@ PG_KINESIS = {
 # table, action (ActionKind: INSERT, UPDATE, DELETE), data (the new row; DELETE's old
 # key), commitTime (Go's time.Time JSON: RFC3339Nano, trailing zeros dropped).
 # AssertValue: bool -> JSON boolean, int4 -> JSON number, every other type its text
-# (int8, numeric included: strings). id: pg2sink's uuid5 of the change (see below).
+# (int8, numeric included: strings; an array PostgreSQL's text, {a,NULL}). id: pg2sink's
+# uuid5 of the change (see below).
 WAL_LISTENER = {
     "insert": (
         '{"id":"1a72356d-c6e5-535e-ba22-fcf4b208ed1c","schema":"public","table":"users",'
         '"action":"INSERT","data":{"id":1,"name":"Ann","score":"12.50","active":true,'
         '"seen":"2024-05-01 09:30:00+00","born":"1990-02-28","big":"9007199254740993",'
-        '"tags":"[\\"a\\",null]","doc":"{\\"k\\": 1}"},'
+        '"tags":"{a,NULL}","doc":"{\\"k\\": 1}"},'
         '"commitTime":"2024-05-01T10:00:00.123456Z"}'
     ),
     "update": (
         '{"id":"76159dee-7ca3-5e86-a20e-443880bc669e","schema":"public","table":"users",'
         '"action":"UPDATE","data":{"id":1,"name":"Bo","score":"13.00","active":false,'
         '"seen":"2024-05-01 09:30:00+00","born":"1990-02-28","big":"9007199254740993",'
-        '"tags":"[\\"a\\",null]","doc":"{\\"k\\": 1}"},'
+        '"tags":"{a,NULL}","doc":"{\\"k\\": 1}"},'
         '"commitTime":"2024-05-01T10:00:00.123456Z"}'
     ),
     "delete": (
@@ -109,7 +114,8 @@ WAL_LISTENER = {
 
 # psql-streamer passthrough.go: json.Marshal(event.Event) without tags: Host, Database,
 # Table (the name only), Action (insert, update, delete), WALPosition (the LSN, a
-# number), Timestamp (time.Time JSON), UUID, Columns (a map: sorted keys). generateEvent's
+# number), Timestamp (time.Time JSON), UUID, Columns (a map: sorted keys; a DELETE's every
+# column of the relation, null but the key's). generateEvent's
 # values by pgx: numbers and booleans as such, a date as its midnight UTC time.Time, a
 # timestamptz as time.Time; the types it skipped (numeric, arrays...) are kept.
 PSQL_STREAMER = {
@@ -130,7 +136,8 @@ PSQL_STREAMER = {
     "delete": (
         '{"Host":"db1","Database":"app","Table":"users","Action":"delete",'
         '"WALPosition":23803800,"Timestamp":"2024-05-01T10:00:00.123456Z",'
-        '"UUID":"ccb15719-d84b-5e09-9b7f-1150332973a1","Columns":{"id":1}}'
+        '"UUID":"ccb15719-d84b-5e09-9b7f-1150332973a1","Columns":{"active":null,"big":null,'
+        '"born":null,"doc":null,"id":1,"name":null,"score":null,"seen":null,"tags":null}}'
     ),
     "truncate": (
         '{"Host":"db1","Database":"app","Table":"users","Action":"truncate",'
@@ -206,3 +213,21 @@ def test_an_empty_host_is_unknown() -> None:
     assert (
         json.loads(encoder("psql-streamer", ORIGIN).table(SCHEMA).value(TRUNCATE))["Host"] == "db1"
     )
+
+
+@pytest.mark.parametrize(
+    ("literal", "kind"),
+    [
+        ("ARRAY['a', NULL, '', 'NULL', 'a b', 'x\"y', 'back\\slash', '{}', 'c,d']", Kind.TEXT),
+        ("ARRAY[[1, 2], [3, NULL]]::int4[]", Kind.INT),
+        ("ARRAY[true, false, NULL]", Kind.BOOLEAN),
+        ("ARRAY[1.50, -2]::numeric[]", Kind.DECIMAL),
+        ("'{}'::text[]", Kind.TEXT),
+    ],
+)
+def test_array_text_is_what_postgresql_writes(pg_conn: Any, literal: str, kind: Kind) -> None:
+    """wal-listener sent arrays as PostgreSQL's text: pg2sink's from their JSON form."""
+    expression = sql.SQL(literal)  # type: ignore[arg-type]
+    query = sql.SQL("SELECT ({0})::text, to_json({0})::text").format(expression)
+    text, as_json = pg_conn.execute(query).fetchone()
+    assert pg_array_text(loads(as_json.encode(), exact_numbers=True), kind) == text
