@@ -27,7 +27,7 @@ from pg2sink.errors import ConfigError, Pg2SinkError
 from pg2sink.formats.config import FormatConfig, Formatting, choose, origin_of
 from pg2sink.relay import command as relay_command
 from pg2sink.routing.config import RoutingConfig
-from pg2sink.sinks import registry
+from pg2sink.sinks import entries
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,9 @@ _NAMED_SOURCE = options.options_of(
     SourceConfig, groups=[Group.SOURCE], omit=["tables", "exclude_tables"]
 )
 _LOGGING = options.options_of(LogConfig)
-#: every sink's options, from its registry entry (`pg2sink stream` and `pg2sink relay`)
+#: every sink's options, from its entry in sinks/entries.py (`pg2sink stream` and `pg2sink relay`)
 _SINKS = [
-    opt for e in registry.SINKS if e.config is not None for opt in options.options_of(e.config)
+    opt for e in entries.SINKS if e.config is not None for opt in options.options_of(e.config)
 ]
 #: every option of `pg2sink stream`
 _STREAM = [
@@ -92,7 +92,7 @@ _STREAM = [
     *_LOGGING,
 ]
 #: `pg2sink stream --help`'s groups: the sinks' right after --sink's own
-_SINK_GROUPS = [e.group for e in registry.SINKS if e.group is not None]
+_SINK_GROUPS = [e.group for e in entries.SINKS if e.group is not None]
 _STREAM_GROUPS = [
     g for group in Group for g in ([group, *_SINK_GROUPS] if group is Group.SINK else [group])
 ]
@@ -204,7 +204,7 @@ def _sink_config(args: argparse.Namespace, source: SourceConfig) -> object | Non
     --file-path), with its --format; ConfigError for what can be checked without its
     server."""
     name = "file" if args.decode_only else (args.sink or StreamConfig.sink)
-    entry = registry.entry(name)
+    entry = entries.entry(name)
     formats: FormatConfig = options.build(FormatConfig, args)
     # --decode-only prints what the stream would send, whatever --format says
     chosen = None if args.decode_only else choose(name, entry.formats, formats)
@@ -217,7 +217,7 @@ def _sink_config(args: argparse.Namespace, source: SourceConfig) -> object | Non
         host, database = origin_of(source.dsn.reveal())
         formatting = Formatting(formats.debezium_schemas, host, database, formats.debezium_avro)
         config = dataclasses.replace(config, format=chosen, formatting=formatting)  # type: ignore[type-var]
-    if isinstance(config, registry.Checked):
+    if isinstance(config, entries.Checked):
         config.check()
     return config
 

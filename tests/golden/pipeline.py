@@ -34,7 +34,7 @@ from unittest import mock
 from pg2sink.catalog.catalog import CatalogLookup
 from pg2sink.changelog import _cmodule, avro_native
 from pg2sink.logical.copydata import XLOG_DATA_HEADER
-from pg2sink.registry import RegistryClient, SchemaRegistry, key_subject, value_subject
+from pg2sink.schema_registry import RegistryClient, SchemaRegistry, key_subject, value_subject
 from pg2sink.sinks.base import Sink
 from pg2sink.sinks.file import FileSink
 from pg2sink.sinks.kafka.config import KafkaConfig
