@@ -111,7 +111,7 @@ def _open_output(path: str) -> TextIO:
 class StreamService:
     """Runs streaming sessions until SIGINT/SIGTERM."""
 
-    #: how a session's sink is made (`pg2sink replay` wraps it: pg2sink/replay.py)
+    #: how a session's sink is made (`pg2sink replay` wraps it: pg2sink/commands/replay.py)
     make_sink = staticmethod(make_sink)
 
     def __init__(self, cfg: StreamConfig) -> None:

@@ -10,11 +10,13 @@ that session, with the stream's options: the records before the point are left o
 
 from __future__ import annotations
 
+import argparse
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from pg2sink.changelog.records import Message, Modification, Record, Schema
+from pg2sink.commands.configs import stream_config
 from pg2sink.config import StreamConfig
 from pg2sink.errors import ConfigError
 from pg2sink.logical.lsn import format_lsn, parse_lsn
@@ -124,3 +126,9 @@ def run_replay(cfg: StreamConfig, point: Point) -> None:
             return Since(make_sink(cfg), point)
 
     Replay(cfg).run()
+
+
+def run(args: argparse.Namespace) -> None:
+    """`pg2sink replay --since`: --since checked before anything connects."""
+    point = parse_point(args.since)
+    run_replay(stream_config(args), point)
