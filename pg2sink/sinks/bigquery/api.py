@@ -1,6 +1,6 @@
 """The Google client of the BigQuery sink and what its answers mean: the client
 (credentials, --bigquery-endpoint), a request's error as SinkError or, when the server is
-away, SinkUnavailableError (the batch is retried: sinks/batching.py), and the sink's
+away, SinkUnavailableError (the batch is retried: sinks/warehouse/commits.py), and the sink's
 columns (schema.Field) to and from BigQuery's SchemaField.
 """
 

@@ -39,8 +39,8 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from pg2sink.changelog.batches import BatchDecoder, ImportTable
 from pg2sink.changelog.codecs import Kind
-from pg2sink.sinks.duckdb.layout import Column, Layout, raw_columns
-from pg2sink.sinks.duckdb.values import arrow_batch, arrow_type
+from pg2sink.sinks.warehouse.layout import Column, Layout, raw_columns
+from pg2sink.sinks.warehouse.values import arrow_batch, arrow_type
 
 __all__ = ["StagedColumns"]
 

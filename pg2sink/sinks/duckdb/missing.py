@@ -14,8 +14,8 @@ from __future__ import annotations
 import duckdb
 
 from pg2sink.changelog.records import Schema
-from pg2sink.sinks.duckdb.layout import duckdb_type, non_null
-from pg2sink.sinks.duckdb.values import value_array
+from pg2sink.sinks.warehouse.layout import duckdb_type, non_null
+from pg2sink.sinks.warehouse.values import value_array
 
 __all__ = ["missing_texts"]
 

@@ -29,7 +29,7 @@ from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.pgvalues import PgArray, PgText
 from pg2sink.changelog.records import Modification
 from pg2sink.logical.messages import UNCHANGED_TOAST
-from pg2sink.sinks.duckdb.layout import Layout, raw_columns
+from pg2sink.sinks.warehouse.layout import Layout, raw_columns
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
