@@ -160,8 +160,8 @@ def _write(
     data = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
     tables.clear()
     if writer is None:
-        # no dictionaries but for the columns that hold one value per import (measured:
-        # dictionary pages cost more to write than the values, and the file is larger)
+        # no dictionaries but for the columns that hold one value per import: dictionary
+        # pages cost more to write than the values, and the file is larger
         writer = pq.ParquetWriter(
             path, data.schema.with_metadata(metadata), use_dictionary=list(DICTIONARY)
         )

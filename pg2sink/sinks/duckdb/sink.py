@@ -86,9 +86,8 @@ SETTINGS = {"write_buffer_row_group_count": "1", "threads": "1"}
 #: the cyclic garbage collector's first threshold while the sink is open (Python's default
 #: is 700): the records held in batches and chunks outlive young collections, so each
 #: collection went through thousands of live records and moved them to the older
-#: generations, whose full collections then went through them again (in some runs:
-#: bench-stream's 800,000 changes took 6.8 s of CPU against 5.1, docs/benchmarks.md);
-#: records hold no reference cycles, reference counting frees them
+#: generations, whose full collections then went through them again (`make bench-stream
+#: ARGS="--sink duckdb"`); records hold no reference cycles, reference counting frees them
 GC_THRESHOLD = 20_000
 
 _INTERNAL = (

@@ -130,8 +130,8 @@ class FileSink:
         line = self._lines.encode(
             timestamp, sequence, lsn, xid, operation, namespace, name, after, before
         )
-        # _append(line), written out: the call costs 0.7% of a change (329 instructions
-        # of 44,967, bench/callgrind_stream.py)
+        # _append(line), written out: a call per change shows in
+        # bench/callgrind_stream.py
         out = self._out
         if out is None:
             raise SinkError("the file sink was not opened")
@@ -156,8 +156,8 @@ class FileSink:
         """Hand what is written to the kernel, and start an fsync in the background.
 
         os.fsync releases the GIL, so decoding goes on while the disk works (an
-        fsync of a busy file takes milliseconds to tens of them: measured 17 ms on
-        average in bench-stream). One fsync is in flight at most; its mark, taken
+        fsync of a busy file takes milliseconds to tens of them: `make bench-stream`).
+        One fsync is in flight at most; its mark, taken
         before the data went to the kernel, becomes durable when it returns.
         """
         self._collect()
