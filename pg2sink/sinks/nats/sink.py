@@ -280,9 +280,9 @@ class NatsSink:
         self._batch = []
         # A batch handed over before it filled (the stream asked for acknowledgements or
         # a flush: once per small transaction when pg2sink keeps up) skipped _put's room
-        # check: with no room, the next message checks (else the messages in flight grew
-        # past MAX_IN_FLIGHT: 26,538 measured at the end of bench-stream's single-row
-        # transactions, with peak RSS up to 292 MiB).
+        # check: with no room, the next message checks (else the messages in flight grow
+        # past MAX_IN_FLIGHT on a stream of single-row transactions, and memory with
+        # them: `make bench-stream ARGS="--sink nats"`).
         self._batch_limit = 1 if early and self._no_room() else BATCH
 
     def _no_room(self) -> bool:
