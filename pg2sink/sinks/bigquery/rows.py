@@ -17,9 +17,9 @@ from pg2sink.changelog.pgvalues import PgText
 from pg2sink.changelog.records import Modification, Schema
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.bigquery.schema import bigquery_type, quote
-from pg2sink.sinks.warehouse.layout import OPERATION, POSITION, Layout, duckdb_type, non_null
+from pg2sink.sinks.warehouse.layout import OPERATION, POSITION, Layout
 from pg2sink.sinks.warehouse.toast import Toast
-from pg2sink.sinks.warehouse.values import arrow_batch, value_array
+from pg2sink.sinks.warehouse.values import arrow_batch, missing_arrays
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -98,15 +98,8 @@ def missing_values(schema: Schema) -> dict[str, str]:
     import pyarrow as pa
     import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-    fields = {f["pg.column"]: f for f in schema.schema["fields"]}
     out: dict[str, str] = {}
-    for name, value in schema.missing.items():
-        field = fields.get(name)
-        if field is None or value is None:
-            continue
-        array = value_array(value, duckdb_type(non_null(field["type"])))
-        if array is None:
-            continue
+    for name, _, array in missing_arrays(schema):
         try:
             text = pc.cast(array, pa.string())[0].as_py()
         except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
