@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pg2sink import __version__, commands, logs, options
+from pg2sink import __version__, commands, configfile, logs, options
 from pg2sink.changelog import _cmodule
 from pg2sink.commands import configs
 from pg2sink.commands import relay as relay_command
@@ -30,6 +31,10 @@ from pg2sink.routing.config import RoutingConfig
 from pg2sink.sinks import entries
 
 log = logging.getLogger(__name__)
+
+#: the PG2SINK_ variables read outside the options: the encoders' choice, where the
+#: services and the Spark class archive are cached
+_OTHER_VARIABLES = ("PG2SINK_IMPL", "PG2SINK_SERVICES_CACHE", "PG2SINK_SPARK_CLASS_CACHE")
 
 COMMANDS = tuple(commands.COMMANDS)
 EXIT_USAGE = 2
@@ -126,7 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stream as `pg2sink stream` does, from the slot's confirmed position, "
         "leaving out the changes before --since (a duration before now, or an LSN): with "
         "--wal-retain, the slot keeps that window (docs/replay.md). Stop the running "
-        "stream first; replay goes on streaming.",
+        "stream first; replay goes on streaming, and leaves the slot where it was "
+        "(--advance-slot: confirms as the stream does), so the window can be replayed again.",
+    )
+    replay.add_argument(
+        "--advance-slot",
+        action="store_true",
+        help="confirm what the sink holds to the slot, as `pg2sink stream` does (with "
+        "--wal-retain, the window behind it); default: the slot stays where it was",
     )
     replay.add_argument(
         "--since",
@@ -135,6 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the changes committed at most DURATION ago (10m, 1h), or at or after LSN",
     )
     options.add_options(replay, _STREAM, _STREAM_GROUPS)
+    config = sub.add_parser(
+        "config",
+        help="check a configuration file, or show the effective settings, then exit",
+        description="`config check FILE`: read FILE (TOML) and check every setting as "
+        "`pg2sink stream` would, without connecting. `config show [OPTIONS]`: print the "
+        "settings `pg2sink stream` would run with (--config's file, PG2SINK_ variables, "
+        "flags), secrets hidden (docs/configuration.md).",
+    )
+    actions = config.add_subparsers(dest="config_action", required=True, metavar="ACTION")
+    check = actions.add_parser("check", help="check FILE without connecting")
+    check.add_argument("file", metavar="FILE", help="the TOML file")
+    options.add_options(check, _LOGGING, list(Group))
+    show = actions.add_parser("show", help="print the effective settings, secrets hidden")
+    options.add_options(show, _STREAM, _STREAM_GROUPS)
     _add_source_commands(sub)
     relay_command.add_parser(sub, _SINKS, _SINK_GROUPS, _LOGGING)
     return parser
@@ -161,6 +187,8 @@ def _add_source_commands(sub: Any) -> None:
         "role and what it lacks, and the import jobs, read from PostgreSQL.",
     )
     options.add_options(status, _SOURCE, list(Group))
+    # the stream's routing rules, so status can say which of them match nothing
+    options.add_options(status, options.options_of(RoutingConfig), list(Group))
     status.add_argument("--json", action="store_true", help="print one JSON object")
     options.add_options(status, _LOGGING, list(Group))
     migrate = sub.add_parser(
@@ -201,15 +229,36 @@ def _normalise_argv(argv: Sequence[str]) -> list[str]:
     return args
 
 
+def _read_config_file(words: list[str]) -> None:
+    """--config FILE (or `config check FILE`): its values become the options' defaults
+    for the parser built next; its secrets are redacted from then on."""
+    path = configfile.config_path(words, os.environ)
+    if words[:2] == ["config", "check"] and len(words) > 2:
+        path = words[2]
+    if path is None:
+        return
+    build_parser()  # adds every option: the file's keys
+    settings = configfile.load(path, options.file_keys())
+    for secret in settings.secrets:
+        options.add_secret(secret)
+    if settings.password is not None and "PGPASSWORD" not in os.environ:
+        os.environ["PGPASSWORD"] = settings.password  # libpq's and the imports' password
+    options.use_file_values({n: (v.text, v.where) for n, v in settings.values.items()})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = _normalise_argv(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(_normalise_argv(sys.argv[1:] if argv is None else argv))
+        _read_config_file(words)
+        parser = build_parser()
+        args = parser.parse_args(words)
         _switches_from_env(args)
         _cmodule.check()  # PG2SINK_IMPL is checked like the flags' variables
         log_config: LogConfig = options.build(LogConfig, args)
         logs.setup(log_config.log_level, log_config.log_format)
-        return commands.run(args)
+        for line in options.unknown_variables(os.environ, _OTHER_VARIABLES):
+            log.warning("%s", line)
+        return commands.run(args, parser)
     except Pg2SinkError as e:
         print(f"pg2sink: error: {_redact(str(e))}", file=sys.stderr)
         return EXIT_USAGE

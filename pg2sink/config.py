@@ -45,6 +45,7 @@ class Group(StrEnum):
     IMPORTS = "imports (docs/imports.md)"
     SPARK = "import runner (Spark)"
     LOGGING = "logging"
+    CONFIG = "configuration file (docs/configuration.md)"
 
 
 @dataclass(frozen=True)
@@ -260,6 +261,25 @@ class StreamConfig:
         "(port 0: any free port, logged at start; 'off': no listener)",
         metavar="HOST:PORT",
     )
+    http_token_file: str | None = flag(
+        None,
+        group=Group.OBSERVABILITY,
+        help="a file holding a token the HTTP API then requires on every endpoint but "
+        "/health (Authorization: Bearer TOKEN; /debug/on and /debug/off included)",
+        metavar="FILE",
+    )
+    http_tls_cert: str | None = flag(
+        None,
+        group=Group.OBSERVABILITY,
+        help="serve the HTTP API over TLS with this PEM certificate (chain); needs --http-tls-key",
+        metavar="FILE",
+    )
+    http_tls_key: str | None = flag(
+        None,
+        group=Group.OBSERVABILITY,
+        help="the PEM private key of --http-tls-cert",
+        metavar="FILE",
+    )
     spark_master: str = flag(
         "local[*]",
         group=Group.SPARK,
@@ -388,3 +408,10 @@ class LogConfig:
         "text", group=Group.LOGGING, help="log line format", choices=("text", "json")
     )
     """'text' (one readable line) or 'json' (one JSON object per line)."""
+    config: str | None = flag(
+        None,
+        group=Group.CONFIG,
+        help='read settings from this TOML file (a key per option: slot = "s"); flags '
+        "and PG2SINK_ variables win over it",
+        metavar="FILE",
+    )

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pg2sink import logs
@@ -277,22 +278,92 @@ def _shown_default(opt: Option) -> str:
     return f" (default: {opt.flag.show(default)})"
 
 
+#: every PG2SINK_ variable an option added to a parser reads (unknown_variables)
+_VARIABLES: dict[str, str] = {}
+#: every option added to a parser, by long name (a configuration file's keys)
+_OPTIONS: dict[str, Option] = {}
+#: the values of --config's file, by long name: defaults below the environment's
+_FILE: dict[str, tuple[str | list[str], str]] = {}
+
+
+def file_keys() -> dict[str, tuple[bool, bool, bool]]:
+    """(repeatable, switch, secret) of every option added so far, by long name."""
+    return {n: (o.flag.repeat, o.switch, o.flag.secret) for n, o in _OPTIONS.items()}
+
+
+def added_options() -> dict[str, Option]:
+    """Every option added to a parser so far, by long name."""
+    return dict(_OPTIONS)
+
+
+def origin(opt: Option, args: argparse.Namespace) -> str:
+    """Where an option's parsed value came from: a flag, its variable or the file."""
+    if opt.field.name in getattr(args, "_given", ()):
+        return "flag"  # a single-valued option given on the command line
+    if os.environ.get(opt.env) is not None:
+        return opt.env if not (opt.switch or opt.flag.repeat) else f"{opt.env} or a flag"
+    if opt.name in _FILE:
+        return f"file {_FILE[opt.name][1]}"
+    return "flag"
+
+
+def use_file_values(values: dict[str, tuple[str | list[str], str]]) -> None:
+    """The configuration file's values (text, where) for the options added from now on."""
+    _FILE.clear()
+    _FILE.update(values)
+
+
+def _from_file(opt: Option) -> _FromEnv | list[str] | None:
+    """The option's value in the configuration file, marked with where it is for errors."""
+    found = _FILE.get(opt.name)
+    if found is None:
+        return None
+    text, where = found
+    if isinstance(text, list):
+        return text
+    value = _FromEnv(text)
+    value.variable = where
+    return value
+
+
 def add_option(group: argparse._ArgumentGroup, opt: Option) -> None:
     """One option: its default is its variable's text, if set (argparse converts it
     like a flag's), else None, which `build` reads as "the field's default"."""
+    _VARIABLES[opt.env] = opt.name
+    _OPTIONS[opt.name] = opt
     kwargs: dict[str, Any] = {"dest": opt.field.name, "metavar": opt.flag.metavar}
     env_text = _from_env(opt.env)
-    default: Any = env_text
+    in_file = _from_file(opt) if env_text is None else None
+    default: Any = env_text if in_file is None else in_file
     if opt.switch:
         # a switch: its variable becomes a boolean in switches_from_env ('false' is off)
         kwargs.update(action="store_const", const=True)
     elif opt.flag.repeat:
         kwargs["action"] = "append"
-        default = opt.flag.split(env_text) if env_text else None
+        if in_file is None:
+            default = opt.flag.split(env_text) if env_text else None
+        else:
+            default = [in_file] if isinstance(in_file, str) else in_file
     else:
         kwargs.update(action=_Once, type=_checked(opt), choices=opt.flag.choices)
     help = f"{opt.flag.help}{_shown_default(opt)} [env: {opt.env}]"
     group.add_argument(*opt.names, default=default, help=help, **kwargs)
+
+
+def unknown_variables(environ: Mapping[str, str], other: Iterable[str] = ()) -> list[str]:
+    """A warning per PG2SINK_ variable that no option added so far (nor `other`, the
+    variables read outside the options) reads, naming the closest known one: a typo
+    (PG2SINK_SLOTT) would otherwise leave the option at its default in silence."""
+    known = {**dict.fromkeys(other, ""), **_VARIABLES}
+    lines = []
+    for name in sorted(n for n in environ if n.startswith("PG2SINK_") and n not in known):
+        # compared without the prefix every name shares, which would make any two close
+        close = difflib.get_close_matches(name[8:], [k[8:] for k in known], n=1, cutoff=0.6)
+        match = "PG2SINK_" + close[0] if close else ""
+        flag = f", {known[match]}" if close and known[match] else ""
+        hint = f" (did you mean {match}{flag}?)" if close else ""
+        lines.append(f"environment variable {name} is not a pg2sink setting{hint}; it is ignored")
+    return lines
 
 
 def add_options(

@@ -20,6 +20,7 @@ from typing import TextIO
 import psycopg
 from psycopg.rows import TupleRow
 
+from pg2sink import options
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.catalog.server import check_server, connect
 from pg2sink.catalog.standby import (
@@ -43,7 +44,7 @@ from pg2sink.imports.engine import ImportEngine
 from pg2sink.imports.gate import ImportGate
 from pg2sink.imports.jdbc import connection_properties
 from pg2sink.imports.migrate import apply_migrations, set_capture_ddl
-from pg2sink.observability.http import Server, start_http_server
+from pg2sink.observability.http import Server, load_access, start_http_server
 from pg2sink.observability.position import (
     check_slot_valid,
     invalidated_message,
@@ -54,7 +55,7 @@ from pg2sink.publication.generated import check_generated_server
 from pg2sink.publication.manager import PublicationManager, Reconciliation
 from pg2sink.publication.patterns import TableFilter
 from pg2sink.publication.published import Table
-from pg2sink.routing.check import check_tables
+from pg2sink.routing.check import check_tables, unmatched_rules
 from pg2sink.routing.outbox import check_sink, publisher_for
 from pg2sink.routing.stage import RoutingStage
 from pg2sink.sinks import entries
@@ -113,6 +114,9 @@ class StreamService:
 
     #: how a session's sink is made (`pg2sink replay` wraps it: pg2sink/commands/replay.py)
     make_sink = staticmethod(make_sink)
+    #: whether sessions confirm to the slot what the sink holds (`pg2sink replay` does
+    #: not unless told: the window stays for the next replay)
+    advances_slot = True
 
     def __init__(self, cfg: StreamConfig) -> None:
         if cfg.routing.outbox and not cfg.decode_only:
@@ -177,8 +181,14 @@ class StreamService:
         address = self.cfg.metrics_address
         if address == "off":
             return None
+        cfg = self.cfg
         try:
-            return start_http_server(address, self.stats)
+            access = load_access(cfg.http_token_file, cfg.http_tls_cert, cfg.http_tls_key)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        options.add_secret(access.token)
+        try:
+            return start_http_server(address, self.stats, access=access)
         except ValueError as e:
             raise ConfigError(f"invalid --metrics-address {address!r}: {e}") from None
         except OSError as e:
@@ -279,6 +289,7 @@ class StreamService:
                 poll_interval=self.cfg.publication_poll_interval,
                 poll=poll,
                 confirm=out is None,
+                advance=self.advances_slot,
                 stop=self.stop,
                 stats=stats,
                 wal_retain=self.cfg.wal_retain,
@@ -441,6 +452,10 @@ class StreamService:
         # member at the first reconcile, then the tables that join)
         routed = rec.joined if self._routes_checked else rec.members
         check_tables(manager.conn, Catalog(manager.conn), self.rules, [t.oid for t in routed])
+        members = [t.oid for t in rec.members]
+        strict = self.cfg.routing.strict_routing
+        for line in unmatched_rules(manager.conn, self.rules, members, strict=strict):
+            log.warning("%s", line)
         self._routes_checked = True
         if self.gate is not None and rec.joined:
             for t in rec.joined:

@@ -153,3 +153,20 @@ def test_environment_configures_and_flags_win(
     db.connect().execute("INSERT INTO t VALUES (1)")
     wait_for(lambda: read_jsonl(flagged), what="records in the flag's file")
     p.stop()
+
+
+def test_an_unknown_pg2sink_variable_is_a_warning_naming_the_closest_option() -> None:
+    """A typo in a variable's name would leave its option at the default in silence."""
+    res = run_cli(
+        "status",
+        "--source",
+        "host=/nonexistent",
+        env={"PG2SINK_SLOTT": "mine", "PG2SINK_SLOT": "s", "PG2SINK_ZZZZ": "secret-value"},
+    )
+    lines = [line for line in res.stderr.splitlines() if "WARNING" in line]
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        "environment variable PG2SINK_SLOTT is not a pg2sink setting "
+        "(did you mean PG2SINK_SLOT, --slot?); it is ignored",
+        "environment variable PG2SINK_ZZZZ is not a pg2sink setting; it is ignored",
+    ]
+    assert "secret-value" not in res.stderr and res.returncode == 2  # the source: unreachable

@@ -273,3 +273,16 @@ def test_unterminated_quote_in_import_table(db: Database) -> None:
     env = {"PG2SINK_SOURCE": db.dsn, "PG2SINK_PUBLICATION": db.publication}
     err = one_line_error(run_cli("import", "--table", '"public.t', env=env))
     assert "unterminated double quote" in err
+
+
+@pytest.mark.parametrize(
+    ("sink", "fmt"),
+    [("kinesis", "pg-kinesis"), ("nats", "wal-listener"), ("kafka", "psql-streamer")],
+)
+@pytest.mark.parametrize("switch", ["--messages", "--capture-ddl"])
+def test_a_seed_format_refuses_pg2sink_s_message_records(sink: str, fmt: str, switch: str) -> None:
+    """A pg_kinesis, wal-listener or psql-streamer consumer meets only its tool's records."""
+    done = run_cli("stream", "--sink", sink, "--format", fmt, switch)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert f"--format {fmt} carries" in done.stderr and switch in done.stderr

@@ -18,19 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, Database, KafkaStack, wait_for
+from tests.conftest import Database, KafkaStack, wait_for
+from tests.readme_support import readme_block
 from tests.support import FAST, Proc
 
-README = REPO / "README.md"
 README_TOPIC = "pg2sink.public.customers"
-
-
-def readme_block(language: str, containing: str) -> str:
-    """The one fenced block of `language` in README.md that contains `containing`."""
-    blocks = re.findall(rf"^```{language}\n(.*?)^```", README.read_text(), re.M | re.S)
-    found = [b for b in blocks if containing in b]
-    assert len(found) == 1, f"README.md: {len(found)} {language} blocks contain {containing!r}"
-    return str(found[0])
 
 
 def session() -> list[tuple[str, list[str]]]:

@@ -9,6 +9,7 @@ status     status.py    the slot, the publication, the role and the import jobs
 import     status.py    a table's import requested again, or the import jobs listed
 migrate    migrate.py   the internal schema created or upgraded
 drop       drop.py      the slot, the publication and the DDL trigger dropped
+config     config.py    a configuration file checked, or the effective settings shown
 
 A command's module is imported when it runs, so that `pg2sink status` does not load
 the stream's modules.
@@ -23,7 +24,8 @@ from collections.abc import Callable
 __all__ = ["COMMANDS", "run"]
 
 #: each command: its module in this package and the function of it that runs the
-#: command with the parsed arguments (what it prints goes to stdout; errors raise)
+#: command with the parsed arguments and the parser (what it prints goes to stdout;
+#: errors raise; it returns the exit status, None for 0)
 COMMANDS: dict[str, tuple[str, str]] = {
     "stream": ("stream", "run"),
     "replay": ("replay", "run"),
@@ -32,14 +34,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("status", "run_import"),
     "migrate": ("migrate", "run"),
     "drop": ("drop", "run"),
+    "config": ("config", "run"),
 }
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the command `args.command`; the exit status (0: done)."""
     module, name = COMMANDS[args.command]
-    command: Callable[[argparse.Namespace], None] = getattr(
+    command: Callable[[argparse.Namespace, argparse.ArgumentParser], int | None] = getattr(
         importlib.import_module(f"{__name__}.{module}"), name
     )
-    command(args)
-    return 0
+    return command(args, parser) or 0

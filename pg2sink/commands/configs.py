@@ -49,10 +49,26 @@ def sink_config(args: argparse.Namespace, source: SourceConfig) -> object | None
     return config
 
 
+#: the formats of the tools pg2sink succeeds, whose streams carry their records only
+_SEED_FORMATS = {
+    "pg-kinesis": "pg_kinesis",
+    "wal-listener": "wal-listener",
+    "psql-streamer": "psql-streamer",
+}
+
+
 def stream_config(args: argparse.Namespace) -> StreamConfig:
     """Everything `pg2sink stream` needs, with --capture-ddl's message forwarding."""
     if args.message_prefixes and not args.messages:  # switches read by _switches_from_env
         raise ConfigError("--message-prefix filters --messages: add --messages")
+    seed = _SEED_FORMATS.get(args.format or "")
+    if seed is not None and (args.messages or args.capture_ddl):
+        flag = "--messages" if args.messages else "--capture-ddl"
+        raise ConfigError(
+            f"--format {args.format} carries {seed}'s own records only, and its consumers "
+            f"expect a table and columns in each: {flag} would put pg2sink's message "
+            "records on the same stream; leave it off, or use --format json"
+        )
     source = source_config(args)
     cfg: StreamConfig = options.build(
         StreamConfig,

@@ -54,7 +54,7 @@ def run_drop(src: SourceConfig) -> list[str]:
     return done
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
     """`pg2sink drop`: what was done, a line each."""
     for line in run_drop(source_config(args)):
         print(line)

@@ -10,7 +10,7 @@ from pg2sink.imports.migrate import apply_migrations
 __all__ = ["run"]
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
     src = source_config(args)
     applied = apply_migrations(src.dsn, src.internal_schema)
     print(

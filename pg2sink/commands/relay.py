@@ -39,7 +39,7 @@ def add_parser(sub: Any, sinks: list[Option], groups: list[str], logging: list[O
     options.add_options(
         relay,
         [*options.options_of(RelayConfig), *_SINK, *sinks, *logging],
-        [GROUP, Group.SINK, *groups, Group.LOGGING],
+        [GROUP, Group.SINK, *groups, Group.LOGGING, Group.CONFIG],
     )
 
 
@@ -61,7 +61,7 @@ def _offsets_file(cfg: RelayConfig, args: argparse.Namespace) -> Path | None:
     return Path(args.duckdb_path)
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
     """Relay until SIGINT or SIGTERM."""
     cfg: RelayConfig = options.build(RelayConfig, args)
     cfg.check()

@@ -5,7 +5,8 @@ With --wal-retain the slot's confirmed position stays a window behind what the s
 holds, so a new session from the slot receives the window's changes again. Replay is
 that session, with the stream's options: the records before the point are left out
 (`Since`, a wrapper around the sink), the rest are written, and it goes on streaming as
-`pg2sink stream` does, confirming as --wal-retain says.
+`pg2sink stream` does. It confirms nothing to the slot (the window stays for another
+replay) unless --advance-slot, then as --wal-retain says.
 """
 
 from __future__ import annotations
@@ -116,11 +117,16 @@ class Since:
             self.inner.report_health(stats)
 
 
-def run_replay(cfg: StreamConfig, point: Point) -> None:
-    """The stream, its sink wrapped in `Since(point)`."""
+def run_replay(cfg: StreamConfig, point: Point, *, advance_slot: bool = False) -> None:
+    """The stream, its sink wrapped in `Since(point)`; the slot stays where it was
+    unless `advance_slot` (--advance-slot)."""
     log.info("replay: writing the changes from %s on", point)
+    if not advance_slot:
+        log.info("replay: the slot stays where it is (--advance-slot moves it)")
 
     class Replay(StreamService):
+        advances_slot = advance_slot
+
         @staticmethod
         def make_sink(cfg: StreamConfig) -> Sink:
             return Since(make_sink(cfg), point)
@@ -128,7 +134,7 @@ def run_replay(cfg: StreamConfig, point: Point) -> None:
     Replay(cfg).run()
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
     """`pg2sink replay --since`: --since checked before anything connects."""
     point = parse_point(args.since)
-    run_replay(stream_config(args), point)
+    run_replay(stream_config(args), point, advance_slot=args.advance_slot)

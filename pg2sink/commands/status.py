@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
+from pg2sink import options
 from pg2sink.catalog.server import connect
 from pg2sink.commands.configs import source_config
 from pg2sink.config import SourceConfig
@@ -30,6 +31,9 @@ from pg2sink.publication.published import (
     publication_info,
     publication_members,
 )
+from pg2sink.routing.check import unmatched_rules
+from pg2sink.routing.config import RoutingConfig
+from pg2sink.routing.rules import Rules
 
 _SLOT = """
 SELECT active, active_pid, confirmed_flush_lsn - '0/0', restart_lsn - '0/0',
@@ -113,7 +117,9 @@ def slot_status(conn: psycopg.Connection[TupleRow], name: str) -> SlotStatus:
     )
 
 
-def collect(src: SourceConfig) -> Status:
+def collect(src: SourceConfig, rules: Rules | None = None) -> Status:
+    """The status of `src`'s slot, publication, role and imports; `rules` (the stream's
+    routing options) adds a warning per rule that matches no published table or column."""
     conn = connect(src.dsn, application_name="pg2sink status")
     try:
         manager = PublicationManager(
@@ -125,17 +131,19 @@ def collect(src: SourceConfig) -> Status:
             mode=src.publication_mode,
         )
         info = publication_info(conn, src.publication)
-        tables = (
-            [t.qualified for t in publication_members(conn, src.publication, src.internal_schema)]
+        members = (
+            publication_members(conn, src.publication, src.internal_schema)
             if info is not None
             else []
         )
         warnings = _pattern_warnings(manager)
+        if rules is not None:
+            warnings += unmatched_rules(conn, rules, [t.oid for t in members], strict=False)
         status = Status(
             slot=slot_status(conn, src.slot),
             publication=src.publication,
             publication_exists=info is not None,
-            tables=tables,
+            tables=[t.qualified for t in members],
             imports=[
                 j.as_json() for j in jobs.list_jobs(conn, src.internal_schema, src.publication)
             ],
@@ -353,16 +361,17 @@ def as_json(status: Status) -> dict[str, Any]:
     return asdict(status)
 
 
-def run_status(args: argparse.Namespace) -> None:
+def run_status(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
     """`pg2sink status`: as text, or one JSON object with --json."""
-    result = collect(source_config(args))
+    rules = options.build(RoutingConfig, args).rules()
+    result = collect(source_config(args), rules)
     if args.json:
         print(json.dumps(as_json(result), indent=2))
     else:
         print(render(result))
 
 
-def run_import(args: argparse.Namespace) -> None:
+def run_import(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
     """`pg2sink import`: the tables' imports requested again, or the jobs listed."""
     src = source_config(args)
     if args.list or not args.import_tables:

@@ -10,5 +10,5 @@ from pg2sink.service import run_stream
 __all__ = ["run"]
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
     run_stream(stream_config(args))

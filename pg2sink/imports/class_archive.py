@@ -6,9 +6,12 @@ from an archive that an earlier JVM wrote at its exit (`-XX:ArchiveClassesAtExit
 13+; Spark 4 needs 17). pg2sink keeps one archive per driver set-up in a cache directory:
 
 - the first driver JVM of a set-up records: it runs with `-XX:ArchiveClassesAtExit` on a
-  file of its own (`spark-<key>.<pid>.tmp`), and when pg2sink exits it closes the JVM's
-  stdin (the gateway's signal to exit), waits for the archive to be written, fsyncs it
-  and renames it to `spark-<key>.jsa`;
+  file of its own (`spark-<key>.<pid>.tmp`) under a keeper process (archive_keeper.py),
+  its parent. When pg2sink exits it closes the JVM's stdin (the gateway's signal to
+  exit) and does not wait: the JVM writes the archive, and the keeper fsyncs it and
+  renames it to `spark-<key>.jsa` if the JVM exited with 0. A SIGTERM'd pg2sink so exits
+  in seconds, not after the archive's write; a container stopped with pg2sink (the
+  keeper killed too) keeps no archive and records again at its next start;
 - later driver JVMs of that set-up start with `-XX:SharedArchiveFile` on it.
 
 An archive is used only after the JVM that wrote it exited with status 0 and the file
@@ -41,26 +44,32 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CLASS_CACHE_ENV", "ClassArchive", "archive_key", "default_cache_dir"]
+from pg2sink.imports import archive_keeper
+from pg2sink.imports.archive_keeper import MAGIC, STALE_SECONDS, is_archive, promote
+
+__all__ = [
+    "CLASS_CACHE_ENV",
+    "MAGIC",
+    "STALE_SECONDS",
+    "WRITE_TIMEOUT",
+    "ClassArchive",
+    "archive_key",
+    "default_cache_dir",
+    "is_archive",
+]
 
 log = logging.getLogger(__name__)
 
-#: The first four bytes of a dynamic archive (HotSpot's CDS_DYNAMIC_ARCHIVE_MAGIC,
-#: 0xf00baba8, little-endian): a file without them is not one.
-MAGIC = bytes.fromhex("a8ab0bf0")
 #: The environment variable of --spark-class-cache, read also where no option is parsed
 #: (a SparkRunner made by a bench or a test).
 CLASS_CACHE_ENV = "PG2SINK_SPARK_CLASS_CACHE"
 #: How long pg2sink waits at exit for a recording JVM to write its archive.
 WRITE_TIMEOUT = 300.0
-#: Other set-ups' archives unused this long are removed when a new one is kept: another
-#: installation on the machine has its own key (its jars' paths), and evicting its archive
-#: at once would have the two record in turn, ~13 s each time.
-STALE_SECONDS = 7 * 24 * 3600.0
 
 
 def default_cache_dir() -> Path:
@@ -112,15 +121,6 @@ def archive_key(java_options: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def is_archive(path: Path) -> bool:
-    """A file that starts like a dynamic archive."""
-    try:
-        with path.open("rb") as f:
-            return f.read(len(MAGIC)) == MAGIC
-    except OSError:
-        return False
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -170,50 +170,52 @@ class ClassArchive:
         return shlex.quote(f"-XX:ArchiveClassesAtExit={self.recording_path}") + " -Xlog:cds=off"
 
     def _remove_dead_recordings(self) -> None:
-        """Recordings of processes gone before their JVM's archive was complete."""
+        """Recordings whose process is gone and whose keeper (which may outlive it by up
+        to WRITE_TIMEOUT) did not keep them: an archive that was never complete."""
+        old = time.time() - WRITE_TIMEOUT
         for tmp in self.directory.glob("spark-*.*.tmp"):
             pid = tmp.name.split(".")[-2]
-            if pid.isdigit() and not _pid_alive(int(pid)):
-                tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                if pid.isdigit() and not _pid_alive(int(pid)) and tmp.stat().st_mtime < old:
+                    tmp.unlink()
 
-    def finish_at_exit(self, jvm: subprocess.Popen[bytes]) -> None:
-        """At this process's exit: end the recording JVM and keep its archive."""
-        atexit.register(self.finish, jvm)
+    def keeper(self, submit: str) -> str:
+        """The program to start in spark-submit's place for a recording JVM: a script
+        running archive_keeper.py on `submit` (its path, which the kernel does not pass
+        on) with this recording's files."""
+        script = self.directory / f"spark-{self.key}.{os.getpid()}.keep"
+        words = [sys.executable, archive_keeper.__file__, submit]
+        words += [str(self.recording_path), str(self.path)]
+        # (the script removes itself: the shell has read the line it runs)
+        script.write_text(f'#!/bin/sh\nrm -f "$0"; exec {shlex.join(words)} "$@"\n')
+        script.chmod(0o700)
+        return str(script)
+
+    def release_at_exit(self, keeper: subprocess.Popen[bytes]) -> None:
+        """At this process's exit: close the keeper's (and so the JVM's) stdin, without
+        waiting: the keeper keeps the archive once the JVM has written it."""
+        atexit.register(self.release, keeper)
+
+    def release(self, keeper: subprocess.Popen[bytes]) -> None:
+        log.info(
+            "Spark: its class archive (once per set-up) is written to %s after this exit",
+            self.path,
+        )
+        if keeper.stdin is not None:
+            keeper.stdin.close()
 
     def finish(self, jvm: subprocess.Popen[bytes], timeout: float = WRITE_TIMEOUT) -> bool:
-        """Close the gateway JVM's stdin (it exits, writing the archive), wait for it,
-        and promote the archive if the JVM exited with 0; True if promoted."""
-        tmp = self.recording_path
-        log.info("Spark: writing its class archive (once per set-up) to %s", self.path)
+        """Close a recording JVM's stdin (it exits, writing the archive), wait for it,
+        and promote the archive if the JVM exited with 0; True if promoted. What the
+        keeper does, for a JVM that is this process's own child."""
+        if jvm.stdin is not None:
+            jvm.stdin.close()
         try:
-            if jvm.stdin is not None:
-                jvm.stdin.close()
-            status = jvm.wait(timeout)
+            status: int | None = jvm.wait(timeout)
         except subprocess.TimeoutExpired:
             jvm.kill()
             status = None
-        try:
-            if status != 0 or not is_archive(tmp):
-                log.warning("Spark's class archive was not written (JVM status %s)", status)
-                return False
-            with tmp.open("rb") as f:
-                os.fsync(f.fileno())
-            tmp.rename(self.path)
-            self._fsync_directory()
-            stale = time.time() - STALE_SECONDS
-            for old in self.directory.glob("spark-*.jsa"):
-                if old != self.path and old.stat().st_mtime < stale:
-                    old.unlink(missing_ok=True)
-            return True
-        except OSError as e:
-            log.warning("Spark's class archive was not kept: %s", e)
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def _fsync_directory(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        why = promote(self.recording_path, self.path, status)
+        if why is not None:
+            log.warning("Spark's class archive was not kept: %s", why)
+        return why is None

@@ -212,17 +212,17 @@ class SparkRunner:
         try:
             if SparkContext._gateway is None:
                 check_java_home()
-                gateway: Any = launch_gateway(  # type: ignore[no-untyped-call]
-                    conf, popen_kwargs={"stdout": PIPE, "stderr": STDOUT}
-                )
+                recording = "ArchiveClassesAtExit" in self.class_archive_option
+                popen = _gateway_popen(archive if recording else None)
+                gateway: Any = launch_gateway(conf, popen_kwargs=popen)  # type: ignore[no-untyped-call]
                 threading.Thread(
                     target=_log_console,
                     args=(gateway.proc.stdout,),
                     name="spark-console",
                     daemon=True,
                 ).start()
-                if archive is not None and "ArchiveClassesAtExit" in self.class_archive_option:
-                    archive.finish_at_exit(gateway.proc)
+                if recording and archive is not None:
+                    archive.release_at_exit(gateway.proc)
                 SparkContext(gateway=gateway, conf=conf)
             spark = SparkSession.builder.config(conf=conf).getOrCreate()
             spark.sparkContext.setLogLevel("ERROR")
@@ -479,3 +479,15 @@ def _redact(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, "***")
     return text
+
+
+def _gateway_popen(recording: ClassArchive | None) -> dict[str, Any]:
+    """launch_gateway's Popen arguments: the console into a pipe, and for a JVM that
+    records the class archive its keeper (class_archive.py) in spark-submit's place."""
+    popen: dict[str, Any] = {"stdout": PIPE, "stderr": STDOUT}
+    if recording is not None:
+        from pyspark.find_spark_home import _find_spark_home
+
+        submit = os.path.join(_find_spark_home(), "bin", "spark-submit")
+        popen["executable"] = recording.keeper(submit)
+    return popen

@@ -6,6 +6,13 @@
                   and the slot's health at the last poll
     GET /stats    200, the StreamStats counters as JSON (schema in docs/observability.md)
     GET /metrics  200, Prometheus text format (OpenMetrics when the scraper asks)
+    GET or POST /debug/on, /debug/off
+                  200, the root log level to debug, or back to the level at start
+                  (psql-streamer's endpoints)
+
+With a token (--http-token-file) every endpoint but /health answers 401 unless the
+request carries `Authorization: Bearer TOKEN`; with a certificate (--http-tls-cert) it
+is served over TLS, the handshake made in the request's own thread.
 
 A stdlib ThreadingHTTPServer in a daemon thread: requests never wait for the
 replication loop, and the loop never waits for a request. The listener binds
@@ -16,10 +23,13 @@ second guard in case an error message quotes a secret.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,13 +45,56 @@ from pg2sink.observability.stats import StreamStats
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["DEFAULT_ADDRESS", "Server", "parse_address", "start_http_server", "stats_document"]
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "Access",
+    "Server",
+    "load_access",
+    "parse_address",
+    "start_http_server",
+    "stats_document",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "127.0.0.1:9525"
 
 _JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may use the HTTP API and how it is served."""
+
+    token: str | None = None
+    """Required as `Authorization: Bearer TOKEN` on every endpoint but /health; None: none."""
+    tls: ssl.SSLContext | None = None
+    """Serve over TLS with this context; None: plain HTTP."""
+
+
+def load_access(token_file: str | None, cert: str | None, key: str | None) -> Access:
+    """The Access of --http-token-file, --http-tls-cert and --http-tls-key; ValueError
+    naming the option for a file that cannot be used (never quoting the token)."""
+    token = None
+    if token_file is not None:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise ValueError(f"--http-token-file {token_file}: {e.strerror}") from None
+        if not token:
+            raise ValueError(f"--http-token-file {token_file} is empty")
+    if (cert is None) != (key is None):
+        raise ValueError("--http-tls-cert and --http-tls-key go together")
+    tls = None
+    if cert is not None and key is not None:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            tls.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as e:
+            what = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise ValueError(f"--http-tls-cert {cert} / --http-tls-key {key}: {what}") from None
+    return Access(token, tls)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -176,11 +229,37 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self._respond(head=True)
 
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path.rstrip("/")
+        if path in _DEBUG:
+            self._respond(head=False)
+        else:
+            body = orjson.dumps({"error": "method not allowed", "post": list(_DEBUG)})
+            self._send(HTTPStatus.METHOD_NOT_ALLOWED, _JSON, body, False)
+
+    def _authorized(self) -> bool:
+        token = self.server.app.access.token
+        if token is None:
+            return True
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        # compare_digest: the time taken says nothing of how much of the token matched
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
+
     def _respond(self, head: bool) -> None:
         path = urlsplit(self.path).path.rstrip("/") or "/"
         app = self.server.app
         try:
-            if path == "/health":
+            if path != "/health" and not self._authorized():
+                refusal = orjson.dumps({"error": "unauthorized: Authorization: Bearer TOKEN"})
+                challenge = ("WWW-Authenticate", 'Bearer realm="pg2sink"')
+                self._send(HTTPStatus.UNAUTHORIZED, _JSON, refusal, head, challenge)
+            elif path in _DEBUG:
+                level = logging.DEBUG if path == "/debug/on" else app.base_level
+                logging.getLogger().setLevel(level)
+                name = logging.getLevelName(level).lower()
+                log.warning("log level %s, from the HTTP API (%s)", name, self.client_address[0])
+                self._send(HTTPStatus.OK, _JSON, orjson.dumps({"log_level": name}), head)
+            elif path == "/health":
                 self._send(HTTPStatus.OK, _JSON, orjson.dumps({"status": "ok"}), head)
             elif path == "/status":
                 healthy, body = status_document(app.stats)
@@ -207,8 +286,17 @@ class _Handler(BaseHTTPRequestHandler):
                 head,
             )
 
-    def _send(self, code: HTTPStatus, content_type: str, body: bytes, head: bool) -> None:
+    def _send(
+        self,
+        code: HTTPStatus,
+        content_type: str,
+        body: bytes,
+        head: bool,
+        *headers: tuple[str, str],
+    ) -> None:
         self.send_response(code)
+        for name, value in headers:
+            self.send_header(name, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
@@ -222,7 +310,8 @@ class _Handler(BaseHTTPRequestHandler):
             log.debug("HTTP API %s: %s", self.client_address[0], format % args)
 
 
-_ENDPOINTS = ("/health", "/status", "/stats", "/metrics")
+_DEBUG = ("/debug/on", "/debug/off")
+_ENDPOINTS = ("/health", "/status", "/stats", "/metrics", *_DEBUG)
 
 
 class _App:
@@ -231,8 +320,12 @@ class _App:
         stats: StreamStats,
         registry: CollectorRegistry | None,
         redact: Callable[[str], str],
+        access: Access,
     ) -> None:
         self.stats = stats
+        self.access = access
+        #: the level /debug/off restores: the one set at start (--log-level)
+        self.base_level = logging.getLogger().level
         self._registry = registry
         self._lock = threading.Lock()
         self.redact = redact
@@ -264,6 +357,11 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     app: _App
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that leaves mid-request or fails the TLS handshake: its problem, one
+        # DEBUG line, not socketserver's traceback on stderr
+        log.debug("HTTP API: a request from %s failed", client_address[0], exc_info=True)
+
 
 class Server:
     """A running HTTP API; `close()` stops it and frees the port."""
@@ -287,7 +385,8 @@ class Server:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self._httpd.app.access.tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     def close(self) -> None:
         self._httpd.shutdown()
@@ -307,6 +406,7 @@ def start_http_server(
     *,
     registry: CollectorRegistry | None = None,
     redact: Callable[[str], str] = lambda text: text,
+    access: Access = Access(),
 ) -> Server:
     """Serve /health, /status, /stats and /metrics for `stats` on `address` (HOST:PORT).
 
@@ -320,7 +420,13 @@ def start_http_server(
         address_family = family
 
     httpd = Bound((host, port), _Handler)
-    httpd.app = _App(stats, registry, redact)
+    httpd.app = _App(stats, registry, redact, access)
+    if access.tls is not None:
+        # the handshake on the first read, in the request's thread: a slow or plain-HTTP
+        # client never holds up the accepting loop
+        httpd.socket = access.tls.wrap_socket(
+            httpd.socket, server_side=True, do_handshake_on_connect=False
+        )
     server = Server(httpd)
-    log.debug("HTTP API listening on %s (/health /status /stats /metrics)", server.url)
+    log.debug("HTTP API listening on %s (%s)", server.url, " ".join(_ENDPOINTS))
     return server

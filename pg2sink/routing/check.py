@@ -17,11 +17,12 @@ from typing import Any
 import psycopg
 
 from pg2sink.catalog.catalog import CatalogLookup
+from pg2sink.errors import ConfigError
 from pg2sink.logical.messages import Column, Relation
 from pg2sink.routing.rules import Rules
 from pg2sink.routing.stage import check_relation
 
-__all__ = ["check_tables"]
+__all__ = ["check_tables", "unmatched_rules"]
 
 _RELATIONS = """
 SELECT c.oid, n.nspname, c.relname, c.relreplident::text,
@@ -64,3 +65,20 @@ def check_tables(
         return
     for rel in relations(conn, oids):
         check_relation(rules, catalog, rel)
+
+
+def unmatched_rules(
+    conn: psycopg.Connection[Any], rules: Rules, oids: Sequence[int], *, strict: bool
+) -> list[str]:
+    """The rules that match no table or column of these (published) tables (Rules.unmatched);
+    with `strict` (--strict-routing), a ConfigError for the first instead."""
+    if not rules.active:
+        return []
+    tables = [(r.namespace, r.name, [c.name for c in r.columns]) for r in relations(conn, oids)]
+    lines = rules.unmatched(tables)
+    if strict and lines:
+        raise ConfigError(
+            f"{lines[0]}: refused with --strict-routing (a misspelt rule would let the "
+            "column or change through unfiltered)"
+        )
+    return lines

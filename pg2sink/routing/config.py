@@ -101,6 +101,14 @@ class RoutingConfig:
         metavar="COLUMN",
     )
 
+    strict_routing: bool = flag(
+        False,
+        group=GROUP,
+        help="stop (exit 2) when an --only, --exclude-column, --mask-column or --outbox "
+        "rule matches no published table or column, at start or any later reconcile, "
+        "instead of a WARNING each time",
+    )
+
     def __post_init__(self) -> None:
         self.rules()  # a value that does not parse is the user's error at start
 

@@ -108,6 +108,25 @@ class Rules:
         """The --outbox rule of the table, if it is an outbox (the first that matches)."""
         return next((r for r in self.outbox if r.table.matches(schema, table)), None)
 
+    def unmatched(self, tables: Sequence[tuple[str, str, Sequence[str]]]) -> list[str]:
+        """A line per rule that matches nothing among `tables` ((schema, table, columns)
+        of the published tables): a typo in a --mask-column rule would otherwise send the
+        real column in clear, in silence. The internal schema's rule (no action) is
+        pg2sink's own, never reported."""
+        out = []
+        for pattern, actions in self.only:
+            if actions and not any(pattern.matches(s, t) for s, t, _ in tables):
+                listed = ",".join(a for a in ACTIONS if a in actions)
+                out.append(f"--only {pattern.text}={listed} matches no published table")
+        for option, rules in (("--exclude-column", self.excluded), ("--mask-column", self.masked)):
+            for rule in rules:
+                if not any(rule.matches(s, t, c) for s, t, columns in tables for c in columns):
+                    out.append(f"{option} {rule.text} matches no column of a published table")
+        for outbox in self.outbox:
+            if not any(outbox.table.matches(s, t) for s, t, _ in tables):
+                out.append(f"--outbox {outbox.table.text} matches no published table")
+        return out
+
     def annotate(self, record: Record) -> Record:
         """A Schema record whose masked columns' fields say so ("pg.mask": the mask as
         --mask-column wrote it); any other record as it is."""

@@ -192,6 +192,7 @@ class Streamer:
         poll_interval: float | None = None,
         poll: Callable[[], object] | None = None,
         confirm: bool = True,
+        advance: bool = True,
         stop: StopRequested | None = None,
         clock: Clock = time.monotonic,
         stats: StreamStats | None = None,
@@ -205,6 +206,9 @@ class Streamer:
         self.poll = poll
         #: False in --decode-only: never report a flush position.
         self.confirm = confirm
+        #: False in `pg2sink replay` (without --advance-slot): acknowledgements count, but
+        #: the slot is never moved
+        self.advance = advance
         self.stop = stop or StopRequested()
         self.clock = clock
         self.received_lsn = 0
@@ -437,12 +441,12 @@ class Streamer:
     def _send_status(self, now: float, force: bool = False) -> None:
         if not force and now < self._next_status and self.confirmed_lsn == self._reported_lsn:
             return
-        flush = self.confirmed_lsn if self.confirm else 0
-        # write >= flush always; in --decode-only, flush 0 (InvalidXLogRecPtr)
-        # makes the server keep the slot where it is.
+        flush = self.confirmed_lsn if self.confirm and self.advance else 0
+        # write >= flush always; in --decode-only and a replay, flush 0
+        # (InvalidXLogRecPtr) makes the server keep the slot where it is.
         write = max(self.received_lsn, flush)
         self.source.send(standby_status_update(write, flush, flush, now_pg_timestamp()))
-        if self.confirm and self.confirmed_lsn != self._reported_lsn:
+        if flush and self.confirmed_lsn != self._reported_lsn:
             log.debug("confirmed %s", format_lsn(self.confirmed_lsn))
         self._reported_lsn = self.confirmed_lsn
         self._next_status = now + self.heartbeat_interval

@@ -134,7 +134,9 @@ def test_metrics_in_openmetrics_when_asked(server: Server) -> None:
 def test_unknown_path_is_404_and_head_has_no_body(server: Server) -> None:
     status, _, body = get(server, "/nope")
     assert status == 404
-    assert json.loads(body)["endpoints"] == ["/health", "/status", "/stats", "/metrics"]
+    assert json.loads(body)["endpoints"] == [
+        *("/health", "/status", "/stats", "/metrics", "/debug/on", "/debug/off")
+    ]
     status, headers, body = get(server, "/health", method="HEAD")
     assert status == 200 and body == b"" and int(headers["content-length"]) > 0
     # a query string or a trailing slash does not matter

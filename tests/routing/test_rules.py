@@ -18,8 +18,31 @@ from pg2sink.logical.decoder import decode
 from pg2sink.logical.messages import UNCHANGED_TOAST, Relation, Truncate, Update
 from pg2sink.routing.config import split_rules
 from pg2sink.routing.masking import Mask
+from pg2sink.routing.outbox import compile_outbox
 from pg2sink.routing.rules import compile_rules
 from pg2sink.routing.stage import RoutingStage
+
+
+def test_rules_that_match_nothing_published_are_named() -> None:
+    rules = compile_rules(
+        only=["public.users=update,insert", "public.user=delete"],
+        exclude_columns=["users.password", "users.pasword"],
+        mask_columns=["public.users.emial=redact", "*.email=redact"],
+        outbox=compile_outbox(["public.outbox", "public.events"], "topic", "payload", None),
+    ).without_schema("pg2sink")  # pg2sink's own rule is never reported
+    published = [
+        ("public", "users", ["id", "email", "password"]),
+        ("public", "outbox", ["id", "topic", "payload"]),
+    ]
+    assert rules.unmatched(published) == [
+        "--only public.user=delete matches no published table",
+        "--exclude-column users.pasword matches no column of a published table",
+        "--mask-column public.users.emial matches no column of a published table",
+        "--outbox public.events matches no published table",
+    ]
+    assert compile_rules(only=["public.users=insert"]).unmatched([]) == [
+        "--only public.users=insert matches no published table"
+    ]
 
 
 def test_only_rules_union_and_default() -> None:

@@ -4,13 +4,15 @@ policy (pg2sink/retry.py) and the delivery engine (pg2sink/sinks/delivery/)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 
+from pg2sink.errors import SinkError
 from pg2sink.observability.stats import StreamStats
 from pg2sink.retry import Backoff, bounded_wait, retries_within
-from pg2sink.sinks.delivery import Acks, Outages, Window
-from pg2sink.sinks.nats.sent import Sent
+from pg2sink.sinks.delivery import Acks, Marks, Outages, Outbox, Sent, Window
+from pg2sink.sinks.kafka.acks import Checkpoints
 
 
 class FakeClock:
@@ -172,6 +174,129 @@ def test_random_interleavings_never_confirm_past_what_the_server_acknowledged() 
             assert final == last[-1], seed
 
 
+class _ClientThread:
+    """The client thread's side as the NATS client keeps it (the engine's Sent), its
+    server's acknowledgements given by the test: what Outbox sees of a client."""
+
+    def __init__(self) -> None:
+        self.sent: Sent[int] = Sent()
+        self.generation = 0
+        self.acked = (0, 0, 0)
+        self.failure: tuple[int, SinkError] | None = None
+
+    def submit(self, generation: int, batch: Sequence[int]) -> None:
+        if generation != self.generation:  # a replay: the older generation's are dropped
+            self.generation = generation
+            self.sent.clear()
+        self.sent.keep(list(batch), [1] * len(batch))
+
+    def acknowledge(self, serial: int) -> None:
+        if self.sent.acknowledge(serial):
+            self.acked = (self.generation, self.sent.count, self.sent.size)
+
+
+def test_an_outbox_never_confirms_past_what_the_server_acknowledged() -> None:
+    """The sink thread's side the message sinks share (Outbox), driven with random
+    writes, checkpoints, acknowledgement checks, acknowledgements in any order, a
+    failure of the server and the replay after it (seeded, many rounds): what it
+    confirms is never above the highest checkpoint whose every earlier message of its
+    generation the server acknowledged, and once all is acknowledged it is the last."""
+    for seed in range(300):
+        rng = random.Random(seed)
+        outbox: Outbox[int] = Outbox(rng.choice((1, 4, 16)), 1 << 30, 1 << 30)
+        client = outbox.client = _ClientThread()
+        written, lsn, confirmed = 0, 0, 0
+        marks: list[tuple[int, int, int]] = []  # (generation, written before, lsn)
+        acked: set[tuple[int, int]] = set()  # (generation, serial) the server acknowledged
+        for _ in range(rng.randrange(50, 400)):
+            step = rng.random()
+            generation = outbox._window.generation
+            if step < 0.35:
+                outbox.put(written, 1)
+                written += 1
+            elif step < 0.5:
+                lsn += rng.randrange(1, 100)
+                outbox.checkpoint(lsn)
+                marks.append((generation, written, lsn))
+            elif step < 0.85 and client.sent.sent > client.sent.count:
+                serial = rng.randrange(client.sent.count, client.sent.sent)
+                acked.add((client.generation, serial))
+                client.acknowledge(serial)
+            elif step < 0.87:
+                client.failure = (generation, SinkError("refused"))
+                with pytest.raises(SinkError):
+                    outbox.acknowledged()
+                written = 0  # PostgreSQL replays from the last confirmed position
+                continue
+            got = outbox.acknowledged()
+            truth = max(
+                (m for g, w, m in marks if all((g, s) in acked for s in range(w))), default=0
+            )
+            assert got is None or got <= truth, (seed, got, truth)
+            assert got is None or got >= confirmed, seed  # never backwards
+            confirmed = max(confirmed, got or 0)
+        outbox.acknowledged()  # hands the last batch over
+        for serial in range(client.sent.count, client.sent.sent):
+            client.acknowledge(serial)
+        last = [m for g, _, m in marks if g == outbox._window.generation]
+        if last and written:
+            assert outbox.acknowledged() == last[-1], seed
+
+
+def test_the_kinesis_and_kafka_bookkeeping_never_confirm_past_what_was_acknowledged() -> None:
+    """The other message sinks' use, driven the same random way (seeded, many rounds):
+    Kinesis notes Marks by the entries written and asks them with the entries stored in
+    order (its sender puts one request at a time), forgetting them when its queue is
+    dropped for a replay; Kafka's Checkpoints are acknowledged by a drain, which its sink
+    sees only once every message produced is delivered (in any order), and start anew
+    after a failure. Neither confirms a checkpoint before every message written before
+    it is stored."""
+    for seed in range(300):
+        rng = random.Random(seed)
+        marks, written, stored, lsn = Marks(), 0, 0, 0
+        kinesis: list[tuple[int, int]] = []  # (written before, lsn) of this generation
+        kafka, produced, delivered = Checkpoints(), 0, set[int]()
+        kafka_marks: list[tuple[int, int]] = []
+        best = kafka_best = 0
+        for _ in range(rng.randrange(50, 400)):
+            step = rng.random()
+            if step < 0.35:
+                written += 1
+                produced += 1
+            elif step < 0.5:
+                lsn += rng.randrange(1, 100)
+                marks.checkpoint(written, lsn)
+                kinesis.append((written, lsn))
+                kafka.checkpoint(lsn)
+                kafka_marks.append((produced, lsn))
+            elif step < 0.8:
+                stored = rng.randrange(stored, written + 1)  # a request stored, in order
+                if produced:
+                    delivered.add(rng.randrange(produced))
+            elif step < 0.82:
+                marks.forget()  # the queue dropped: the replay writes it again
+                written = stored = 0
+                kinesis.clear()
+                kafka, produced = Checkpoints(), 0  # a failure: the sink starts anew
+                delivered.clear()
+                kafka_marks.clear()
+                kafka_best = 0
+            if len(delivered) == produced:  # the producer is seen empty
+                kafka.drained()
+            # what could be confirmed: the highest checkpoint ever acknowledged in full
+            # (one of an older generation stays confirmed)
+            best = max([best, *(m for w, m in kinesis if w <= stored)])
+            got = marks.acknowledged(stored)
+            assert got is None or got <= best, (seed, got, best)
+            kafka_best = max(
+                [kafka_best, *(m for p, m in kafka_marks if delivered >= set(range(p)))]
+            )
+            got = kafka.acknowledged()
+            assert got is None or got <= kafka_best, (seed, got, kafka_best)
+            if len(delivered) == produced and kafka_marks:
+                assert got == kafka_marks[-1][1], seed
+
+
 # --- outages and health --------------------------------------------------------------------
 
 
@@ -215,7 +340,7 @@ def test_the_nats_acks_count_runs_and_single_acks_in_any_order_without_gaps() ->
     longest acknowledged prefix, and its bytes those of that prefix."""
     for seed in range(300):
         rng = random.Random(seed)
-        sent, acked = Sent(), set[int]()
+        sent, acked = Sent[tuple[bytes, bytes, bytes]](), set[int]()
         sizes: list[int] = []
         for _ in range(rng.randrange(20, 200)):
             step = rng.random()

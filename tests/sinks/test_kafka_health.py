@@ -166,3 +166,40 @@ def test_broker_outage_is_500_during_and_200_after_one_line_each(
     assert err.count(REACHABLE) == 1, err
     print(f"outage seen after {detected:.1f}s, recovery {recovered:.1f}s after the restart")
     assert p.stop() == 0
+
+
+@pytest.mark.slow
+def test_a_30s_broker_outage_shows_on_status_within_5s_each_way(
+    db: Database,
+    pg2sink_proc: Proc,
+    own_kafka: services.Kafka,
+    topic_prefix: str,
+    reader: Callable[..., Reader],
+) -> None:
+    """As the NATS sink's (test_nats.py): the broker stopped for 30 s while a row is
+    inserted every second: GET /status answers 500 within 5 s of the stop and for the
+    whole outage, 200 again within 5 s of the broker's return, and nothing is lost."""
+    conn = db.connect()
+    conn.execute("CREATE TABLE t (id int primary key)")
+    topic = f"{topic_prefix}.public.t"
+    create_topic(own_kafka.bootstrap_servers, topic, partitions=1)
+    p = start(pg2sink_proc, KafkaStack(own_kafka.bootstrap_servers, ""), topic_prefix, avro=False)
+    url = api_url(p)
+    read = reader(topic, avro=False, bootstrap=own_kafka.bootstrap_servers)
+    conn.execute("INSERT INTO t VALUES (1)")
+    read.read(1)
+    assert status(url)[0] == 200
+    own_kafka.stop()
+    stopped = time.monotonic()
+    conn.execute("INSERT INTO t VALUES (2)")
+    wait_for(lambda: status(url)[0] == 500, timeout=5, what="/status 500 within 5 s of the stop")
+    last = 2
+    while time.monotonic() - stopped < 30:
+        last += 1
+        conn.execute("INSERT INTO t VALUES (%s)", (last,))
+        time.sleep(1)
+        assert status(url)[0] == 500
+    own_kafka.start()
+    wait_for(lambda: status(url)[0] == 200, timeout=5, what="/status 200 within 5 s of the return")
+    assert sorted(m.value["after"]["id"] for m in read.read(last)) == list(range(1, last + 1))
+    assert p.stop() == 0

@@ -643,6 +643,44 @@ def test_stream_confirms_nothing_kinesis_has_not_stored_and_loses_nothing(
 
 
 @pytest.mark.slow
+def test_a_30s_outage_shows_on_status_within_5s_each_way(
+    db: Database, pg2sink_proc: Proc, own_kinesalite: services.Kinesalite
+) -> None:
+    """As the NATS sink's (test_nats.py): kinesalite stopped for 30 s while a row is
+    inserted every second: GET /status answers 500 (the sink's reason naming Kinesis)
+    within 5 s of the stop and for the whole outage; 200 again within 5 s of its
+    return."""
+    endpoint = own_kinesalite.address
+    name = f"s{uuid.uuid4().hex[:8]}"
+    create_stream(kinesis_client(endpoint), name, 1)
+    conn = db.connect()
+    conn.execute("CREATE TABLE kv (id int PRIMARY KEY)")
+    p = start(pg2sink_proc, endpoint, name)
+    url = api_url(p)
+    conn.execute("INSERT INTO kv VALUES (1)")
+    first = db.current_lsn()
+    wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= first, 30, "the first row")
+    assert status(url)[0] == 200
+    own_kinesalite.stop()
+    stopped = time.monotonic()
+    conn.execute("INSERT INTO kv VALUES (2)")
+    wait_for(lambda: status(url)[0] == 500, 5, "/status 500 within 5 s of the stop")
+    code, body = status(url)
+    assert code == 500 and f"Kinesis stream {name!r}" in body["problems"]["sink"]
+    last = 2
+    while time.monotonic() - stopped < 30:
+        last += 1
+        conn.execute("INSERT INTO kv VALUES (%s)", (last,))
+        time.sleep(1)
+        assert status(url)[0] == 500
+    own_kinesalite.start()
+    wait_for(lambda: status(url)[0] == 200, 5, "/status 200 within 5 s of the return")
+    written = db.current_lsn()
+    wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= written, 60, "the slot to pass them")
+    assert p.stop() == 0
+
+
+@pytest.mark.slow
 def test_kill_9_and_restart_loses_nothing_and_keeps_per_key_order(
     db: Database, pg2sink_proc: Proc, kinesis_endpoint: str, stream: str
 ) -> None:

@@ -175,6 +175,36 @@ def test_replay_writes_only_the_changes_after_the_point(
     assert "replay: 3 records before LSN" in p.stderr()
 
 
+def test_a_replay_leaves_the_slot_so_the_window_can_be_replayed_again(
+    db: Database, pg2sink_proc: Proc, tmp_path: Path
+) -> None:
+    """`pg2sink replay` (here without --wal-retain) confirms nothing: a second replay
+    writes the window again; --advance-slot confirms as the stream does."""
+    conn = db.connect()
+    conn.execute("CREATE TABLE kept (id int PRIMARY KEY)")
+    out = tmp_path / "out.jsonl"
+    p = start(pg2sink_proc, out, "--wal-retain", "1h")
+    conn.execute("INSERT INTO kept SELECT generate_series(1, 3)")
+    wait_for(lambda: len(modifications(out)) == 3, 30, "the rows in the file")
+    assert p.stop() == 0
+    kept = db.slot_confirmed_lsn()
+    stream_args = [a for a in p.args if a not in ("--wal-retain", "1h")]
+    for written in (6, 9):
+        p.args = ["replay", "--since", "1h", *stream_args]
+        p.start().wait_streaming()
+        wait_for(lambda: len(modifications(out)) == written, 30, "the window replayed")  # noqa: B023
+        time.sleep(1.0)  # ten flush intervals: the stream would have confirmed by now
+        assert p.stop() == 0
+        assert db.slot_confirmed_lsn() == kept
+    p.args = ["replay", "--since", "1h", "--advance-slot", *stream_args]
+    p.start().wait_streaming()
+    wait_for(lambda: len(modifications(out)) == 12, 30, "the window replayed")
+    target = db.current_lsn()
+    wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= target, 30, "the replay confirmed")
+    assert p.stop() == 0
+    assert [m["after"]["id"] for m in modifications(out)] == [1, 2, 3] * 4
+
+
 def test_a_point_in_time_keeps_later_commits() -> None:
     now = datetime(2026, 11, 24, 5, 0, tzinfo=UTC)
     point = parse_point("10m", now)

@@ -12,6 +12,11 @@ tests/sinks/test_delivery.py; the retry policy is pg2sink/retry.py):
                 Window: the sink thread's side: the generation (a replay starts a new
                 one, and acknowledgements of an older one are dropped), its Marks, and
                 the in-flight bound (messages and bytes written and not acknowledged).
+    sent.py     Sent: Acks that keep the messages sent until acknowledged, to send
+                again in order on a new connection (the client thread's side).
+    outbox.py   Outbox: the sink thread's side of a message sink over a client thread
+                (batches handed over, checkpoints, the in-flight bound, waits, the
+                failure of a generation and the restart after it).
     outages.py  Outages: one WARNING when an outage starts, one INFO at recovery, and
                 the sink's health for GET /status and pg2sink_sink_healthy
                 (StreamStats.sink_outage), the same way for every sink.
@@ -26,5 +31,7 @@ requests a sender stored in order). On a failure that makes PostgreSQL replay, i
 
 from pg2sink.sinks.delivery.acks import Acks, Marks, Window
 from pg2sink.sinks.delivery.outages import Outages
+from pg2sink.sinks.delivery.outbox import Outbox
+from pg2sink.sinks.delivery.sent import Sent
 
-__all__ = ["Acks", "Marks", "Outages", "Window"]
+__all__ = ["Acks", "Marks", "Outages", "Outbox", "Sent", "Window"]

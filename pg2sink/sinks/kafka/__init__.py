@@ -9,10 +9,11 @@
     formats.py  message keys and values (Avro wire format or JSON) per table
     topics.py   table → topic routing (injective default names)
     imports.py  the import writer: executors produce an import's rows themselves
-    make.py     which sink --sink=kafka makes (with --exactly-once, --transaction-topic)
+    make.py     which sink --sink=kafka makes (with --exactly-once)
     transactional.py  --exactly-once: flushes as Kafka transactions, resent changes skipped
     offsets.py  --exactly-once's offsets topic: each transaction's checkpoint
-    txtopic.py  --transaction-topic: BEGIN and END records (sinks/txmeta.py)
+    txtopic.py  --transaction-topic: BEGIN and END records (sinks/txmeta.py), a part
+                of either sink
 
 Only config.py is imported without --sink=kafka (the sink registry reads it):
 confluent-kafka and fastavro are the [kafka] extra.

@@ -8,7 +8,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from pg2sink.errors import ConfigError
+from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.sinks.kafka.config import KafkaConfig
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "TOO_LARGE",
     "TROUBLE",
     "LibrdkafkaLog",
+    "delivery_error",
     "producer_settings",
     "reason",
 ]
@@ -95,6 +96,19 @@ def _same_setting(name: str, value: str, required: str) -> bool:
     if name == "acks":
         return value in _ACKS_ALL
     return value == required
+
+
+def delivery_error(error: KafkaError, topic: str, size: int) -> SinkError:
+    """The error of a message of `size` key and value bytes Kafka did not accept:
+    SinkError when sending it again cannot help, else SinkUnavailableError (a replay)."""
+    text = f"Kafka did not accept a message for topic {topic!r}: {error.str()}"
+    if error.code() in TOO_LARGE:
+        return SinkError(f"{text} ({size:,} bytes): {HOW_TO_RAISE_LIMITS}")
+    if error.code() in TERMINAL:
+        return SinkError(text)
+    return SinkUnavailableError(
+        f"{text}; resending from the last confirmed position (at-least-once)"
+    )
 
 
 def reason(e: BaseException) -> str:

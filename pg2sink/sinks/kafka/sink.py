@@ -17,13 +17,8 @@ Per record:
 Delivery: an idempotent producer (enable.idempotence=true, acks=all; librdkafka retries
 and keeps per-partition order) that reports failed deliveries only
 (delivery.report.only.error). A checkpoint is acknowledged once the producer is seen
-drained with no failure (acks.Checkpoints: why not a report per message):
-`acknowledged()` and `start_flush()` look without waiting, which under a light load
-acknowledges within a linger.ms or two; under a steady load the producer never empties by
-itself, so when it was last seen empty DRAIN_AFTER ago, `start_flush()` drains it (one
-round trip to the broker, bounded by FLUSH_WAIT); `flush()` drains and returns the
-highest acknowledged checkpoint. Those are the only LSNs the stream confirms to
-PostgreSQL.
+drained with no failure (acks.py: why not a report per message, and when `start_flush()`
+drains it); those are the only LSNs the stream confirms to PostgreSQL.
 
 A failed delivery (the broker was away for longer than message.timeout.ms, say) raises
 SinkUnavailableError: the service reconnects and PostgreSQL replays from the last
@@ -60,23 +55,22 @@ from pg2sink.changelog.jsonenc import dumps
 from pg2sink.changelog.jsonlines import message_object, schema_line
 from pg2sink.changelog.records import Message as MessageRecord
 from pg2sink.changelog.records import Modification, Operation, Record, Schema, Truncation
-from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
+from pg2sink.errors import ConfigError, SinkError
 from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.kafka.acks import Checkpoints
 from pg2sink.sinks.kafka.config import KafkaConfig
 from pg2sink.sinks.kafka.formats import Format, TableFormat, message_format
 from pg2sink.sinks.kafka.health import PROBE_WAIT, BrokerHealth
 from pg2sink.sinks.kafka.producer import (
-    HOW_TO_RAISE_LIMITS,
-    TERMINAL,
-    TOO_LARGE,
     TROUBLE,
     LibrdkafkaLog,
+    delivery_error,
     producer_settings,
     reason,
 )
 from pg2sink.sinks.kafka.topic_check import TopicCheck
 from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
+from pg2sink.sinks.kafka.txtopic import TransactionTopic
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +125,10 @@ class KafkaSink:
         self._xid: int | None = None
         self._xid_header: tuple[str, bytes] = ("xid", b"")
         self._headers: list[tuple[str, bytes]] = [("operation", b""), ("lsn", b""), ("xid", b"")]
+        #: --transaction-topic: BEGIN and END records around each transaction's changes
+        self._txtopic = TransactionTopic.of(
+            cfg.transaction_topic, self._produce, lambda t: self._topics.check(self._producer, t)
+        )
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -194,6 +192,8 @@ class KafkaSink:
             # every change the raw writer (raw_row_writer) does not take: inline rather
             # than a method of its own, a call less per change
             m: Modification = record
+            if self._txtopic is not None:
+                self._txtopic.change(m)
             entry = self._tables.get((m.namespace, m.name))
             if entry is None:
                 raise SinkError(f"change of {m.namespace}.{m.name} before its Schema record")
@@ -268,7 +268,7 @@ class KafkaSink:
             produce(topic, key, value, headers)
             return True
 
-        return write
+        return write if self._txtopic is None else self._txtopic.wrap(write, namespace, name)
 
     def _write_schema(self, s: Schema) -> None:
         topic = self.router.topic(s.namespace, s.name)
@@ -430,6 +430,11 @@ class KafkaSink:
     # -- acknowledgement -------------------------------------------------------------
 
     def checkpoint(self, lsn: int) -> None:
+        if self._txtopic is not None:
+            self._txtopic.checkpoint(lsn)  # its END record belongs before the checkpoint
+        self._checkpoint(lsn)
+
+    def _checkpoint(self, lsn: int) -> None:
         self._checkpoints.checkpoint(lsn)
 
     def pending_bytes(self) -> int:
@@ -476,6 +481,8 @@ class KafkaSink:
 
     def _restart(self, fatal: bool) -> None:
         """Forget this stream's messages: PostgreSQL replays from the confirmed LSN."""
+        if self._txtopic is not None:
+            self._txtopic.forget()  # the server sends the transaction again
         self._checkpoints = Checkpoints()
         self._queued_bytes = 0
         self._produced = self._delivered  # the purged ones were not
@@ -490,11 +497,4 @@ class KafkaSink:
                 self._producer = self._make_producer()
 
     def _error(self, error: KafkaError, topic: str) -> SinkError:
-        text = f"Kafka did not accept a message for topic {topic!r}: {error.str()}"
-        if error.code() in TOO_LARGE:
-            return SinkError(f"{text} ({self._failed_size:,} bytes): {HOW_TO_RAISE_LIMITS}")
-        if error.code() in TERMINAL:
-            return SinkError(text)
-        return SinkUnavailableError(
-            f"{text}; resending from the last confirmed position (at-least-once)"
-        )
+        return delivery_error(error, topic, self._failed_size)

@@ -197,7 +197,7 @@ class ExactlyOnceKafkaSink(KafkaSink):
 
     # -- checkpoints and commits -----------------------------------------------------
 
-    def checkpoint(self, lsn: int) -> None:
+    def _checkpoint(self, lsn: int) -> None:
         if not self._ready:
             self._settle()
         stored = self._stored

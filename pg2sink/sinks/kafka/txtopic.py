@@ -7,47 +7,55 @@ table) after its last, on the transaction topic: JSON whatever --format says, ke
 partition. Every data message already carries the transaction's xid (header `xid`, and
 field `xid` of the value) and its position in it (`sequence`).
 
-With --exactly-once both records belong to the Kafka transaction of the transaction's
-changes, so a read_committed consumer sees the three together or not at all.
+A part of the sink, not a kind of it: KafkaSink holds one when the option is given and
+calls it at each change, checkpoint and restart; it produces through the sink's own
+`_produce`, so with --exactly-once both records belong to the Kafka transaction of the
+transaction's changes, and a read_committed consumer sees the three together or not at
+all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from pg2sink.changelog.builder import RawRowWriter
 from pg2sink.changelog.jsonenc import dumps
-from pg2sink.changelog.records import Modification, Operation, Record
-from pg2sink.sinks.kafka.config import KafkaConfig
-from pg2sink.sinks.kafka.formats import Format
-from pg2sink.sinks.kafka.sink import KafkaSink
+from pg2sink.changelog.records import Modification, Operation
 from pg2sink.sinks.txmeta import TransactionTracker
 
-__all__ = ["TransactionTopicKafkaSink"]
+__all__ = ["TransactionTopic"]
+
+#: the sink's _produce: (topic, key, value, headers)
+Produce = Callable[[str, bytes | None, bytes | None, list[tuple[str, bytes]] | None], None]
 
 
-class TransactionTopicKafkaSink(KafkaSink):
-    """The Kafka sink with --transaction-topic; see the module docstring."""
+class TransactionTopic:
+    """The BEGIN and END records of the changes a sink writes; see the module docstring."""
 
-    def __init__(self, cfg: KafkaConfig, fmt: Format | None = None) -> None:
-        super().__init__(cfg, fmt)
-        assert cfg.transaction_topic, "a sink with a transaction topic"
-        self.transaction_topic = cfg.transaction_topic
-        self._transactions = TransactionTracker(self._publish_transaction)
+    def __init__(self, topic: str, produce: Produce, check: Callable[[str], None]) -> None:
+        self.topic = topic
+        self._produce = produce
+        self._check = check
+        self._transactions = TransactionTracker(self._publish)
 
-    def write(self, record: Record) -> None:
-        if isinstance(record, Modification):  # a Truncation too: one per table
-            self._transactions.begin(record.xid, record.timestamp)
-            self._transactions.count(record.namespace, record.name)
-        super().write(record)
+    @classmethod
+    def of(
+        cls, topic: str | None, produce: Produce, check: Callable[[str], None]
+    ) -> TransactionTopic | None:
+        """The part of a sink producing with `produce` and checking a topic before its
+        first message with `check`; None without --transaction-topic."""
+        return cls(topic, produce, check) if topic else None
 
-    def raw_row_writer(self, namespace: str, name: str) -> RawRowWriter | None:
-        """The base writer, counting the changes it takes (one it declines comes back
-        through write())."""
-        inner = super().raw_row_writer(namespace, name)
-        if inner is None:
-            return None
+    def change(self, m: Modification) -> None:
+        """A change (a Truncation too: one per table) is written next."""
+        self._transactions.begin(m.xid, m.timestamp)
+        self._transactions.count(m.namespace, m.name)
+
+    def wrap(self, inner: RawRowWriter, namespace: str, name: str) -> RawRowWriter:
+        """`inner`, counting the changes it takes (one it declines comes back through
+        the sink's write, which counts it)."""
         begin = self._transactions.begin
         count = self._transactions.count
 
@@ -63,15 +71,14 @@ class TransactionTopicKafkaSink(KafkaSink):
         return write
 
     def checkpoint(self, lsn: int) -> None:
+        """Before the sink's own checkpoint: the END record of the transaction ended."""
         self._transactions.checkpoint(lsn)
-        super().checkpoint(lsn)
 
-    def _publish_transaction(self, record: dict[str, Any]) -> None:
+    def forget(self) -> None:
+        """The server sends the transaction again (a replay)."""
+        self._transactions.forget()
+
+    def _publish(self, record: dict[str, Any]) -> None:
         """One BEGIN or END record to the transaction topic."""
-        topic = self.transaction_topic
-        self._topics.check(self._producer, topic)
-        self._produce(topic, dumps({"id": record["id"]}), dumps(record), None)
-
-    def _restart(self, fatal: bool) -> None:
-        self._transactions.forget()  # the server sends the transaction again
-        super()._restart(fatal)
+        self._check(self.topic)
+        self._produce(self.topic, dumps({"id": record["id"]}), dumps(record), None)

@@ -9,8 +9,8 @@ JetStream answers with its PubAck once the message is stored (or with an error);
 subscription to `<inbox>.*.*` receives them all (no future, no timer per message), and
 up to CHUNK messages go out in one write (wire.py: the frames, and the replies taken
 from nats-py's parser). The acknowledged count is the number of messages acknowledged
-with no gap before them (sent.py: the serials of a read's run of successful PubAcks
-move it in one step; any other reply is read alone).
+with no gap before them (the delivery engine's Sent: the serials of a read's run of
+successful PubAcks move it in one step; any other reply is read alone).
 
 Generations: after a failure the sink starts over (PostgreSQL replays from the last
 confirmed position) under a new generation; acks of the messages of an older one are
@@ -52,9 +52,8 @@ from nats.js.api import StorageType, StreamConfig
 
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.retry import Backoff
-from pg2sink.sinks.delivery import Outages
+from pg2sink.sinks.delivery import Outages, Sent
 from pg2sink.sinks.nats.config import NatsConfig, shown_url
-from pg2sink.sinks.nats.sent import Sent
 from pg2sink.sinks.nats.wire import AckClient, Outgoing, ack_error, frames
 
 log = logging.getLogger(__name__)
@@ -121,7 +120,7 @@ class Publisher:
         #: the loop has been woken to take it
         self._submitted: deque[tuple[int, Sequence[Outgoing]]] = deque()
         self._woken = False
-        self._sent = Sent()
+        self._sent: Sent[Outgoing] = Sent()
         self._pump: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
         self._closing = False

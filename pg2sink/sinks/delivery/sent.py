@@ -1,32 +1,35 @@
-"""The messages a Publisher sent in one generation, kept until JetStream acknowledges
-them, and the count acknowledged with no gap before it.
+"""The messages a client thread sent in one generation, kept until its server
+acknowledges them (to send again, in order, on a new connection), and the count
+acknowledged with no gap before it: Acks with the messages and their sizes.
 
-Kept by write (up to client.CHUNK messages), each with the cumulative sizes of its
-payloads, so that the bytes acknowledged are one lookup and no message is popped one at
-a time; a write is dropped once wholly acknowledged (the last one stays, for its
-sizes). Serials are 0, 1, ... in the order sent; acks come back in order, a run of them
-moves the count in one step, and one ahead of a gap waits (the delivery engine's Acks,
-which this extends with the messages and their sizes). The loop thread's own
-(client.Publisher publishes the count to the sink's thread).
+Kept by write (a chunk of messages), each with the cumulative sizes of its payloads, so
+that the bytes acknowledged are one lookup and no message is popped one at a time; a
+write is dropped once wholly acknowledged (the last one stays, for its sizes). Serials
+are 0, 1, ... in the order sent; acks come back in order, a run of them moves the count
+in one step, and one ahead of a gap waits. The client thread's own (it publishes the
+count to the sink's thread as a Report). Used by the NATS sink (sinks/nats/client.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from itertools import accumulate
+from typing import Generic, TypeVar
 
-from pg2sink.sinks.delivery import Acks
-from pg2sink.sinks.nats.wire import Outgoing
+from pg2sink.sinks.delivery.acks import Acks
 
 __all__ = ["Sent"]
 
+#: a message, whatever a client sends
+M = TypeVar("M")
 
-class Sent(Acks):
+
+class Sent(Acks, Generic[M]):
     """See the module docstring."""
 
     __slots__ = ("_writes", "sent_bytes", "size")
 
-    _writes: deque[tuple[int, list[Outgoing], list[int]]]
+    _writes: deque[tuple[int, list[M], list[int]]]
     """The writes, oldest first: (serial of the first message, the messages, the payload
     bytes sent before each message of this generation and after the last)."""
     size: int
@@ -40,10 +43,10 @@ class Sent(Acks):
         self._writes = deque()
         self.size = self.sent_bytes = 0
 
-    def resend(self) -> list[Outgoing]:
+    def resend(self) -> list[M]:
         """The messages sent and not acknowledged, in their order, forgotten: they are
         sent again with the same serials (a new connection)."""
-        left: list[Outgoing] = []
+        left: list[M] = []
         for first, messages, _ in self._writes:
             left += messages[max(self.count - first, 0) :]
         self._writes.clear()
@@ -55,7 +58,7 @@ class Sent(Acks):
         """Whether a message sent waits for its acknowledgement."""
         return self.sent != self.count
 
-    def keep(self, messages: list[Outgoing], sizes: list[int]) -> None:
+    def keep(self, messages: list[M], sizes: list[int]) -> None:
         """Messages sent next, and the sizes of their payloads."""
         ends = list(accumulate(sizes, initial=self.sent_bytes))
         self._writes.append((self.sent, messages, ends))
