@@ -45,7 +45,7 @@ Method
    The output must hold exactly the expected number of Modification lines.
 
 6. `--sink` takes a comma-separated list of registered sinks
-   (pg2sink/sinks/registry.py) this bench knows: file, kafka, null, nats,
+   (pg2sink/sinks/entries.py) this bench knows: file, kafka, null, nats,
    kinesis, duckdb (`both` = file,kafka). Every sink is timed the same way, as
    pg2sink confirms only what its sink durably holds; the servers a sink needs
    are started fresh in the temporary directory (scripts/services.py), never
@@ -161,7 +161,7 @@ from common import (
 )
 from psycopg import sql
 
-from pg2sink.sinks.registry import names as registered_sinks
+from pg2sink.sinks.entries import names as registered_sinks
 
 PUBLICATION = "bench_pub"
 RECVLOGICAL_SLOT = "bench_recvlogical"  # runs use bench_recvlogical_1..N

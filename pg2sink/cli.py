@@ -1,4 +1,6 @@
-"""Command line: `pg2sink [stream] [OPTIONS]` and `pg2sink drop`.
+"""Command line: `pg2sink [stream] [OPTIONS]` and the other commands: the parser of every
+command (its options come from the config classes), then the command's run
+(pg2sink/commands/: the table from a command's name to its function).
 
 Every option can also come from the environment as PG2SINK_<NAME> (upper
 case, dashes as underscores; repeatable options take a comma-separated
@@ -12,22 +14,21 @@ string or a client setting beyond its key names.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pg2sink import __version__, configfile, logs, options
+from pg2sink import __version__, commands, configfile, logs, options
 from pg2sink.changelog import _cmodule
+from pg2sink.commands import configs
+from pg2sink.commands import relay as relay_command
 from pg2sink.config import Group, LogConfig, SourceConfig, StreamConfig
-from pg2sink.errors import ConfigError, Pg2SinkError
-from pg2sink.formats.config import FormatConfig, Formatting, choose, origin_of
-from pg2sink.relay import command as relay_command
+from pg2sink.errors import Pg2SinkError
+from pg2sink.formats.config import FormatConfig
 from pg2sink.routing.config import RoutingConfig
-from pg2sink.sinks import registry
+from pg2sink.sinks import entries
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +36,13 @@ log = logging.getLogger(__name__)
 #: services and the Spark class archive are cached
 _OTHER_VARIABLES = ("PG2SINK_IMPL", "PG2SINK_SERVICES_CACHE", "PG2SINK_SPARK_CLASS_CACHE")
 
-COMMANDS = ("stream", "drop", "status", "migrate", "import", "relay", "replay", "config")
+COMMANDS = tuple(commands.COMMANDS)
 EXIT_USAGE = 2
 
 # kept under their old names: tests and main() read a parsed namespace through them
 _switches_from_env = options.switches_from_env
 _redact = options.redact
+_stream_config = configs.stream_config
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,9 +84,9 @@ _NAMED_SOURCE = options.options_of(
     SourceConfig, groups=[Group.SOURCE], omit=["tables", "exclude_tables"]
 )
 _LOGGING = options.options_of(LogConfig)
-#: every sink's options, from its registry entry (`pg2sink stream` and `pg2sink relay`)
+#: every sink's options, from its entry in sinks/entries.py (`pg2sink stream` and `pg2sink relay`)
 _SINKS = [
-    opt for e in registry.SINKS if e.config is not None for opt in options.options_of(e.config)
+    opt for e in entries.SINKS if e.config is not None for opt in options.options_of(e.config)
 ]
 #: every option of `pg2sink stream`
 _STREAM = [
@@ -96,7 +98,7 @@ _STREAM = [
     *_LOGGING,
 ]
 #: `pg2sink stream --help`'s groups: the sinks' right after --sink's own
-_SINK_GROUPS = [e.group for e in registry.SINKS if e.group is not None]
+_SINK_GROUPS = [e.group for e in entries.SINKS if e.group is not None]
 _STREAM_GROUPS = [
     g for group in Group for g in ([group, *_SINK_GROUPS] if group is Group.SINK else [group])
 ]
@@ -219,71 +221,6 @@ def _add_source_commands(sub: Any) -> None:
     options.add_options(imp, _LOGGING, list(Group))
 
 
-def _source_config(args: argparse.Namespace) -> SourceConfig:
-    """The source's settings; the libpq environment's password is a secret too."""
-    options.add_secret(os.environ.get("PGPASSWORD"))
-    config: SourceConfig = options.build(SourceConfig, args)
-    return config
-
-
-def _sink_config(args: argparse.Namespace, source: SourceConfig) -> object | None:
-    """The chosen sink's settings (the file sink's with --decode-only, which prints to
-    --file-path), with its --format; ConfigError for what can be checked without its
-    server."""
-    name = "file" if args.decode_only else (args.sink or StreamConfig.sink)
-    entry = registry.entry(name)
-    formats: FormatConfig = options.build(FormatConfig, args)
-    # --decode-only prints what the stream would send, whatever --format says
-    chosen = None if args.decode_only else choose(name, entry.formats, formats)
-    if entry.config is None:
-        return None
-    # build() registers the secrets of each value as it makes it, so that no error
-    # below can show them
-    config: object = options.build(entry.config, args)
-    if chosen is not None:  # a message sink: its format, and whom its messages name
-        host, database = origin_of(source.dsn.reveal())
-        formatting = Formatting(formats.debezium_schemas, host, database, formats.debezium_avro)
-        config = dataclasses.replace(config, format=chosen, formatting=formatting)  # type: ignore[type-var]
-    if isinstance(config, registry.Checked):
-        config.check()
-    return config
-
-
-#: the formats of the tools pg2sink succeeds, whose streams carry their records only
-_SEED_FORMATS = {
-    "pg-kinesis": "pg_kinesis",
-    "wal-listener": "wal-listener",
-    "psql-streamer": "psql-streamer",
-}
-
-
-def _stream_config(args: argparse.Namespace) -> StreamConfig:
-    """Everything `pg2sink stream` needs, with --capture-ddl's message forwarding."""
-    if args.message_prefixes and not args.messages:  # switches read by _switches_from_env
-        raise ConfigError("--message-prefix filters --messages: add --messages")
-    seed = _SEED_FORMATS.get(args.format or "")
-    if seed is not None and (args.messages or args.capture_ddl):
-        flag = "--messages" if args.messages else "--capture-ddl"
-        raise ConfigError(
-            f"--format {args.format} carries {seed}'s own records only, and its consumers "
-            f"expect a table and columns in each: {flag} would put pg2sink's message "
-            "records on the same stream; leave it off, or use --format json"
-        )
-    source = _source_config(args)
-    cfg: StreamConfig = options.build(
-        StreamConfig,
-        args,
-        source=source,
-        sink_config=_sink_config(args, source),
-        routing=options.build(RoutingConfig, args),
-    )
-    if cfg.capture_ddl and (cfg.message_prefixes or not cfg.messages):
-        # the DDL messages are forwarded even without --messages (and only they, then)
-        prefixes = (*cfg.message_prefixes, "pg2sink.ddl")
-        cfg = dataclasses.replace(cfg, messages=True, message_prefixes=prefixes)
-    return cfg
-
-
 def _normalise_argv(argv: Sequence[str]) -> list[str]:
     """`pg2sink [OPTIONS]` means `pg2sink stream [OPTIONS]`."""
     args = list(argv)
@@ -321,65 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.setup(log_config.log_level, log_config.log_format)
         for line in options.unknown_variables(os.environ, _OTHER_VARIABLES):
             log.warning("%s", line)
-        if args.command == "status":
-            from pg2sink import status as status_cmd
-
-            rules = options.build(RoutingConfig, args).rules()
-            result = status_cmd.collect(_source_config(args), rules)
-            if args.json:
-                print(json.dumps(status_cmd.as_json(result), indent=2))
-            else:
-                print(status_cmd.render(result))
-            return 0
-        if args.command == "migrate":
-            from pg2sink.imports.migrate import apply_migrations
-
-            src = _source_config(args)
-            applied = apply_migrations(src.dsn, src.internal_schema)
-            print(
-                f"applied {len(applied)} migration(s) to schema {src.internal_schema}"
-                + (": " + ", ".join(applied) if applied else " (it was up to date)")
-            )
-            return 0
-        if args.command == "import":
-            from pg2sink import status as status_cmd
-
-            src = _source_config(args)
-            if args.list or not args.import_tables:
-                if not args.list:
-                    raise ConfigError("pg2sink import needs --table SCHEMA.TABLE or --list")
-                found = status_cmd.import_jobs(src, include_expired=args.all)
-                if args.json:
-                    print(json.dumps([j.as_json() for j in found], indent=2))
-                else:
-                    print("\n".join(status_cmd.render_jobs(found)))
-                return 0
-            for line in status_cmd.request_imports(src, args.import_tables):
-                print(line)
-            return 0
-        if args.command == "relay":
-            relay_command.run(args)
-            return 0
-        if args.command == "drop":
-            from pg2sink.drop import run_drop
-
-            for line in run_drop(_source_config(args)):
-                print(line)
-            return 0
-        if args.command == "config":
-            from pg2sink.configshow import config_command
-
-            return config_command(args, parser, _stream_config)
-        if args.command == "replay":
-            from pg2sink.replay import parse_point, run_replay
-
-            point = parse_point(args.since)
-            run_replay(_stream_config(args), point, advance_slot=args.advance_slot)
-            return 0
-        from pg2sink.service import run_stream
-
-        run_stream(_stream_config(args))
-        return 0
+        return commands.run(args, parser)
     except Pg2SinkError as e:
         print(f"pg2sink: error: {_redact(str(e))}", file=sys.stderr)
         return EXIT_USAGE

@@ -29,7 +29,7 @@ from pg2sink.routing.config import RoutingConfig
 # SecretDsn and Settings are re-exported: the rest of pg2sink imports them from here
 from pg2sink.sensitive import SecretDsn as SecretDsn
 from pg2sink.sensitive import Settings as Settings
-from pg2sink.sinks import registry
+from pg2sink.sinks import entries
 
 
 class Group(StrEnum):
@@ -201,10 +201,10 @@ class StreamConfig:
 
     source: SourceConfig
     sink: str = flag(
-        registry.names()[0],
+        entries.names()[0],
         group=Group.SINK,
-        help="where records go: " + "; ".join(f"{e.name}: {e.help}" for e in registry.SINKS),
-        choices=registry.names(),
+        help="where records go: " + "; ".join(f"{e.name}: {e.help}" for e in entries.SINKS),
+        choices=entries.names(),
     )
     decode_only: bool = flag(
         False,
@@ -251,8 +251,8 @@ class StreamConfig:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     """--only, --exclude-column, --mask-column (pg2sink/routing/, docs/routing.md)."""
     sink_config: Any = None
-    """The chosen sink's own settings: an instance of its registry entry's config class
-    (sinks/registry.py), None for a sink without options. With --decode-only, the file
+    """The chosen sink's own settings: an instance of its entry's config class
+    (sinks/entries.py), None for a sink without options. With --decode-only, the file
     sink's (FileConfig: --file-path is where the messages are printed)."""
     metrics_address: str = flag(
         "127.0.0.1:9525",

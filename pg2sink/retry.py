@@ -23,7 +23,7 @@ import random
 import time
 from collections.abc import Callable
 
-__all__ = ["Backoff", "bounded_wait"]
+__all__ = ["Backoff", "bounded_wait", "retries_within"]
 
 
 def bounded_wait(
@@ -37,6 +37,15 @@ def bounded_wait(
     `cap`, of which a random share `jitter` may be left out."""
     bound = cap if attempt >= 64 else min(cap, first * 2.0**attempt)
     return bound * (1.0 - jitter + jitter * rand()) if jitter else bound
+
+
+def retries_within(deadline: float, first: float, cap: float) -> int:
+    """How many retries a client waiting `bounded_wait(attempt, first, cap)` (no jitter)
+    between its attempts may make for its waits to fit in `deadline` seconds."""
+    retries, waited = 0, 0.0
+    while waited + (wait := bounded_wait(retries, first, cap)) <= deadline:
+        retries, waited = retries + 1, waited + wait
+    return retries
 
 
 class Backoff:

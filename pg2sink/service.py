@@ -58,7 +58,7 @@ from pg2sink.publication.published import Table
 from pg2sink.routing.check import check_tables, unmatched_rules
 from pg2sink.routing.outbox import check_sink, publisher_for
 from pg2sink.routing.stage import RoutingStage
-from pg2sink.sinks import registry
+from pg2sink.sinks import entries
 from pg2sink.sinks.base import ImportTarget, Sink, UsesSlot
 from pg2sink.sinks.file import FileConfig, repair_torn_line
 from pg2sink.subscription.connection import ReplicationStream
@@ -86,8 +86,8 @@ _SERVER_GONE = frozenset({"57P01", "57P02", "57P03"})
 
 
 def make_sink(cfg: StreamConfig) -> Sink:
-    """The sink `cfg` asks for (not opened yet), by its registry entry."""
-    sink = registry.entry(cfg.sink).create(cfg.sink_config)
+    """The sink `cfg` asks for (not opened yet), by its entry (sinks/entries.py)."""
+    sink = entries.entry(cfg.sink).create(cfg.sink_config)
     if isinstance(sink, UsesSlot):
         sink.use_slot(cfg.source.slot)
     return sink
@@ -112,7 +112,7 @@ def _open_output(path: str) -> TextIO:
 class StreamService:
     """Runs streaming sessions until SIGINT/SIGTERM."""
 
-    #: how a session's sink is made (`pg2sink replay` wraps it: pg2sink/replay.py)
+    #: how a session's sink is made (`pg2sink replay` wraps it: pg2sink/commands/replay.py)
     make_sink = staticmethod(make_sink)
     #: whether sessions confirm to the slot what the sink holds (`pg2sink replay` does
     #: not unless told: the window stays for the next replay)
@@ -468,9 +468,9 @@ class StreamService:
 
 
 def _import_target(cfg: StreamConfig) -> ImportTarget | None:
-    """Where the imports of this stream write: its sink's import target (registry), None
+    """Where the imports of this stream write: its sink's import target (sinks/entries.py), None
     for a sink that has none (jobs then stay pending, with a warning saying why)."""
-    make = registry.entry(cfg.sink).imports
+    make = entries.entry(cfg.sink).imports
     return make(cfg.sink_config) if make is not None else None
 
 

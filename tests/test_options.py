@@ -20,10 +20,10 @@ from pg2sink.errors import ConfigError
 from pg2sink.formats.config import FormatConfig
 from pg2sink.options import Option, format_duration, parse_duration
 from pg2sink.routing.config import RoutingConfig
-from pg2sink.sinks import registry
+from pg2sink.sinks import entries
 
-#: every sink's options are options of `pg2sink stream` (sinks/registry.py)
-SINK_CONFIGS = tuple(e.config for e in registry.SINKS if e.config is not None)
+#: every sink's options are options of `pg2sink stream` (sinks/entries.py)
+SINK_CONFIGS = tuple(e.config for e in entries.SINKS if e.config is not None)
 CLASSES = (SourceConfig, StreamConfig, RoutingConfig, FormatConfig, *SINK_CONFIGS, LogConfig)
 #: the fields that are no option: nested configs, and what no user sets (the message
 #: sinks' format and formatting come from --format, FormatConfig's)

@@ -516,3 +516,27 @@ def test_the_build_context_leaves_out_local_state() -> None:
         "scripts/jdbc_driver.py",
     ):
         assert in_context(rel), rel
+
+
+def test_the_bigquery_sink_needs_no_duckdb() -> None:
+    """The `bigquery` extra installs no duckdb, so no module of the BigQuery sink (nor the
+    warehouse code it shares with the DuckDB sink) may import it: each is imported in a
+    fresh interpreter and duckdb must not be among its modules."""
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert not [d for d in extras["bigquery"] if d.startswith("duckdb")]
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import pg2sink.sinks.bigquery as bq, pg2sink.sinks.warehouse as wh\n"
+        "for package in (bq, wh):\n"
+        "    for m in pkgutil.iter_modules(package.__path__, package.__name__ + '.'):\n"
+        "        importlib.import_module(m.name)\n"
+        "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'duckdb'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout

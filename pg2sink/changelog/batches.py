@@ -11,8 +11,8 @@ values a streamed row of the same text holds. A sink's import writer
 A sink whose stream encodes new rows straight from pgoutput's bytes (the Kafka sink's C
 encoder, formats.avro_native) skips the Python values: `insert_messages` builds each
 row's pgoutput Insert message from the batch with Arrow kernels, and `write_raw` hands
-them to the sink's raw row writer, as the stream's builder does (measured, bench-import's
-6 columns: 1.6 us of Python per row instead of 11.6 us; docs/imports.md).
+them to the sink's raw row writer, as the stream's builder does (a fraction of the Python
+work per row: `make bench-import ARGS="--sink kafka"`; docs/imports.md).
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ class BatchDecoder:
     """Arrow batches -> {column: value} dicts, with the stream's converters.
 
     Column at a time rather than row at a time: each column's values come out of Arrow
-    as one list (C++), and a converter maps over it in one map() call (measured: about
-    half the time of the per-row RowDecoder here). Text-like columns arrive as str and
+    as one list (C++), and a converter maps over it in one map() call (faster than the
+    per-row RowDecoder here: `make bench-import`). Text-like columns arrive as str and
     are kept. A value a converter rejects makes the batch go through RowDecoder, which
     raises the DecodeError naming the column, as the stream does.
     """
@@ -218,8 +218,7 @@ def insert_messages(batch: pa.RecordBatch) -> list[bytes]:
 def _row_builder(names: tuple[str, ...]) -> Callable[..., dict[str, object]]:
     """A function of one value per column returning the row's dict, the keys written out
     as literals: `map(builder, *columns)` builds a batch's rows without a tuple, a zip
-    and a dict(iterable) per row (measured: the writer's CPU per row of bench-import's
-    6 columns from 2.01 to 1.72 us).
+    and a dict(iterable) per row (less of the writer's CPU per row: `make bench-import`).
     Names reach the code as repr() literals, so no identifier can change what it does."""
     args = ", ".join(f"v{i}" for i in range(len(names)))
     items = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names))

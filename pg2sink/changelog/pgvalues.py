@@ -171,7 +171,7 @@ def _decode_timestamptz(text: bytes) -> object:
 # instead of a Decimal that the encoder's fallback must format again, and bytea goes
 # straight to base64.
 # Dates and timestamps keep their typed decoders: fromisoformat plus orjson's native
-# datetime writer beat any string reshaping in Python (measured). Tests check that both
+# datetime writer beat any string reshaping in Python. Tests check that both
 # paths give the same JSON.
 
 _LAST_DIGIT = ord("9")

@@ -17,12 +17,10 @@ path alone: PG2SINK_IMPL=python, or no extension built (no compiler at install);
 choice is made once, in changelog._cmodule. Importing this module raises the
 ConfigError of a PG2SINK_IMPL that cannot run (the CLI has checked it at start).
 
-Why C: for bench-stream's 6 columns the Python path spends ~12.6 us per change (fast
-read, Modification, then the reference TableEncoder's value ~9.5 and key ~1.6;
-bench/avro_writers.py, docs/benchmarks.md session 5); the same bytes come straight from
-the text PostgreSQL sent in ~0.18 us (callgrind, when the Python path still had an
-exec-compiled writer: 85,760 -> ~2,760 instructions per change for the decode and both
-encodings).
+Why C: the Python path reads the row, builds a Modification and encodes its value and
+key through the reference TableEncoder; the C encoder writes the same bytes straight from
+the text PostgreSQL sent, at a small fraction of the CPU per change
+(bench/avro_writers.py; bench/callgrind_stream.py counts the instructions).
 """
 
 from __future__ import annotations
@@ -151,8 +149,8 @@ class NativeRowEncoder:
 
     def __init__(self, native: RowEncoder) -> None:
         # the C object's own method: calling it is one call into C, no Python frame (a
-        # Python wrapper that cached the envelope's parts cost ~2,000 instructions per
-        # change, callgrind); the C object caches the commit time's and operation's bytes
+        # Python wrapper that cached the envelope's parts shows in
+        # bench/callgrind_stream.py); the C object caches the commit time's and operation's bytes
         self.encode = native.encode
 
     @classmethod

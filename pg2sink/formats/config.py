@@ -25,7 +25,7 @@ __all__ = ["FORMATS", "FormatConfig", "Formatting", "choose", "origin_of"]
 
 #: Group.SINK's name (pg2sink.config imports the sinks' configs, which import this)
 GROUP = "sink"
-#: every --format; which sink takes which: sinks/registry.py SinkEntry.formats
+#: every --format; which sink takes which: sinks/entries.py SinkEntry.formats
 FORMATS = ("avro", "json", "pg-kinesis", "wal-listener", "psql-streamer", "debezium")
 
 

@@ -37,7 +37,7 @@ import fastavro
 from pg2sink.changelog.records import Modification, Schema
 from pg2sink.formats.base import Origin
 from pg2sink.formats.debezium import DebeziumEncoder, DebeziumTable
-from pg2sink.registry import SchemaRegistry, key_subject, value_subject, wire_header
+from pg2sink.schema_registry import SchemaRegistry, key_subject, value_subject, wire_header
 
 if TYPE_CHECKING:
     from pg2sink.formats.avro_native import NativeRowEncoder

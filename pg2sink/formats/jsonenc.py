@@ -97,7 +97,7 @@ def python_default(obj: Any) -> object:
 
 #: `python_default`, or under PG2SINK_IMPL=c its drop-in in C, which writes a JsonNumber
 #: (one per numeric or float value in a row) without a Python frame and hands any other
-#: type to python_default: 5% of the file sink's instructions per change (callgrind)
+#: type to python_default (bench/callgrind_stream.py, the file sink)
 default: Callable[[Any], object] = python_default
 if _cmodule.ROWS is not None:
     _cmodule.ROWS.install_default(orjson.Fragment, python_default)

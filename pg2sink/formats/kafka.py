@@ -29,7 +29,7 @@ from pg2sink.formats.base import TableEncoder as FormatTable
 from pg2sink.formats.jsonenc import dumps
 from pg2sink.formats.jsonlines import modification_object
 from pg2sink.formats.registry import encoder
-from pg2sink.registry import SchemaRegistry, key_subject, value_subject, wire_header
+from pg2sink.schema_registry import SchemaRegistry, key_subject, value_subject, wire_header
 from pg2sink.sinks.kafka.config import KafkaConfig
 
 __all__ = [
@@ -185,7 +185,7 @@ def message_format(cfg: KafkaConfig, registry: SchemaRegistry | None = None) -> 
     if registry is None:
         if not cfg.schema_registry_url:
             raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")
-        from pg2sink.registry import RegistryClient
+        from pg2sink.schema_registry import RegistryClient
 
         registry = RegistryClient(cfg.schema_registry_url, cfg.registry.reveal())
     if f.debezium_avro:  # --format debezium --debezium-avro

@@ -16,9 +16,8 @@ from an archive that an earlier JVM wrote at its exit (`-XX:ArchiveClassesAtExit
 
 An archive is used only after the JVM that wrote it exited with status 0 and the file
 was fsynced: HotSpot maps the file without checking its length, and a truncated archive
-crashes the JVM with SIGBUS (measured with Java 17: the first 50 MB of a 165 MB
-archive), so a recording cut short (pg2sink killed, the machine down) is never used; its
-file is removed by the next start.
+crashes the JVM with SIGBUS, so a recording cut short (pg2sink killed, the machine
+down) is never used; its file is removed by the next start.
 
 The key hashes what decides whether HotSpot can use an archive: the `java` spark-submit
 runs, Spark's jars (the class path it checks) and the JVM's -XX options. Not the JDBC
@@ -30,8 +29,8 @@ archives unused for a week are removed when a new one is kept. A JVM that still 
 an archive (a different build behind the same path) starts without it and says so on
 its console (pg2sink's debug log).
 
-Mapping the archive roughly halves Spark's start and shortens a session's first import;
-recording it costs once, a few seconds at start and at exit (about 160 MB written).
+Mapping the archive shortens Spark's start and a session's first import; recording it
+costs once, at start and at exit.
 `make bench-import ARGS="--sink file --spark-class-cache off"` against the default shows it.
 """
 

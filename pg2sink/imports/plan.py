@@ -53,8 +53,8 @@ log = logging.getLogger(__name__)
 #: pg_type's oid of text: what a masked column is read and decoded as
 TEXT_OID = 25
 #: Sampled keys per partition. SYSTEM sampling takes whole pages, whose keys are often
-#: neighbours, so what counts is the number of pages: ~4000 rows are ~50-100 pages per
-#: partition, which keeps partitions within ~20% of their share (measured on 5M rows).
+#: neighbours, so what counts is the number of pages: 4000 rows are enough pages per
+#: partition to keep partitions close to their share (`make bench-import`).
 SAMPLE_PER_PARTITION = 4000
 #: Below this many rows the whole key is read instead of a sample.
 FULL_SCAN_ROWS = 50_000

@@ -137,8 +137,8 @@ def binary_schema(columns: int) -> str:
     """Spark's `customSchema` of a scan of `text_query`: every column (c0, c1...) read as
     BINARY rather than STRING. pgjdbc's getBytes of a text column returns the bytes it
     received, PostgreSQL's text in UTF-8 (the client encoding), so the JVM never decodes
-    them into a Java string and encodes them back into Spark's UTF-8 (measured,
-    bench-import at 5M rows: the JVM's task threads 20% less CPU, its GC half); the
+    them into a Java string and encodes them back into Spark's UTF-8 (less CPU and GC in
+    the JVM's task threads: `make bench-import`); the
     executors take the Arrow binary columns as strings again (writers.py)."""
     return ", ".join(f"c{i} BINARY" for i in range(columns))
 

@@ -3,9 +3,9 @@
 Spark starts its Python workers' daemon with `PYTHONPATH` beginning with
 `$SPARK_HOME/python/lib/pyspark.zip` and py4j's zip. Python cannot cache the bytecode of
 modules imported from a zip, so the daemon and every worker it forks compile pyspark's
-worker modules from source: measured, `import pyspark.worker` costs 0.49-0.51 s of CPU
-from the zip and 0.08-0.09 s from the installed package, paid by every worker process
-of a session's first import (bench-import: two workers and the daemon).
+worker modules from source: `import pyspark.worker` costs several times more CPU from
+the zip than from the installed package, paid by every worker process of a session's
+first import (`make bench-import`: two workers and the daemon).
 
 With pip's pyspark (what `pg2sink[spark]` installs) SPARK_HOME is the installed package
 itself, so those zips are copies of the modules next to them. This module drops from

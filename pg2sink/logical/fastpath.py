@@ -13,12 +13,12 @@ New rows (an Insert's or Update's new row), from bytes straight to a dict:
 changelog then converts each value: two passes and two containers per row. For the
 common messages, an Insert and an Update without an old tuple, `compile_row_reader`
 generates one function per relation that walks the TupleData (layout in decoder.py)
-and converts each value as it goes, unrolled over the relation's columns (measured:
-about 1.2 us less per 6-column row than decode + RowDecoder).
+and converts each value as it goes, unrolled over the relation's columns (less CPU
+per row than decode + RowDecoder: `make bench-stream`).
 
 Under PG2SINK_IMPL=c the reader is changelog/_rows_native.c, the same walk in C
-(registered by changelog.pgvalues with `register_native`, tested against this one):
-30,567 instead of 47,216 instructions per change on the file sink's path (callgrind).
+(registered by changelog.pgvalues with `register_native`, tested against this one),
+fewer instructions per change on the file sink's path (bench/callgrind_stream.py).
 
 The reader is an optimisation only, never the authority: it returns None for
 anything it does not handle exactly (another column count, a binary value, trailing

@@ -268,8 +268,8 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/stats":
                 self._send(HTTPStatus.OK, _JSON, app.json(stats_document(app.stats)), head)
             elif path == "/metrics":
-                # imported on the first scrape, not at start: prometheus_client takes
-                # ~50 ms to import, which every run would otherwise pay up front
+                # imported on the first scrape, not at start: prometheus_client is slow
+                # to import, which every run would otherwise pay up front
                 from prometheus_client.exposition import choose_encoder
 
                 encoder, content_type = choose_encoder(self.headers.get("Accept", ""))

@@ -9,8 +9,8 @@ schemas.py   where Schema records come from: the registry (Avro writer schemas b
              the schema topic (JSON)
 relay.py     Relay: consume a batch, write it to the sink, wait until the sink holds it,
              then commit the consumer's offsets (at-least-once)
-command.py   the `relay` command's options and its run
 
 Nothing here imports confluent-kafka at module level but schemas.py and relay.py (the CLI
-imports command.py always, and confluent-kafka is the optional [kafka] extra).
+imports pg2sink/commands/relay.py, the command's options and its run, always, and
+confluent-kafka is the optional [kafka] extra).
 """

@@ -1,6 +1,6 @@
 """pg2sink's Kafka messages back into records, without I/O: Avro and JSON.
 
-The wire format (pg2sink.registry.wire): magic byte 0, the writer schema's id as 4 bytes
+The wire format (pg2sink.schema_registry.wire): magic byte 0, the writer schema's id as 4 bytes
 big-endian, the Avro binary body. The Kafka sink's value schema is the Modification
 envelope (changelog.avro_schema):
 
@@ -48,7 +48,7 @@ from pg2sink.changelog.records import Message, Modification, Operation, Schema, 
 from pg2sink.errors import SinkError
 from pg2sink.formats.jsonenc import loads
 from pg2sink.logical.messages import UNCHANGED_TOAST
-from pg2sink.registry.wire import MAGIC_BYTE
+from pg2sink.schema_registry.wire import MAGIC_BYTE
 
 __all__ = ["HEADER_BYTES", "Shape", "json_record", "schema_id"]
 

@@ -21,8 +21,8 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from pg2sink.changelog.records import Schema
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
-from pg2sink.registry.client import redact_url
 from pg2sink.relay.decode import Shape, json_record
+from pg2sink.schema_registry.client import redact_url
 
 __all__ = ["Shapes", "read_schema_topic"]
 

@@ -99,7 +99,7 @@ class PublishesMessages(Protocol):
 
 class ImportTarget(Protocol):
     """Where an import's rows go (docs/imports.md): made from the sink's config by its
-    registry entry (sinks/registry.py), then pickled to Spark's driver code and
+    entry (sinks/entries.py), then pickled to Spark's driver code and
     executors, so it holds settings only (no connection, no open file).
 
     On the driver, `begin(schema)` makes the table's Schema record durable before any

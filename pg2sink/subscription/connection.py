@@ -144,13 +144,12 @@ class ReplicationStream:
         unless a read's worth is already waiting. A loop that keeps up with the
         walsender would otherwise read a few messages at a time: each wake-up costs this
         process a select, a recv and the loop's idle step, and the walsender more than
-        the messages themselves (its CPU for bench-stream's 800,000 changes behind the
-        null sink: 5.0 s sleeping 1 ms, 4.4 s at 4 ms, 3.6 s at 16 ms;
-        docs/benchmarks.md). The sleep starts at COALESCE_SECONDS, doubles while the
-        server sends at COALESCE_GROW_RATE or more, up to COALESCE_MAX_SECONDS, halves
-        as the burst thins, and starts over after a pause: a first message after a
-        pause is read as soon as it arrives, and a trickle waits at most
-        COALESCE_SECONDS more.
+        the messages themselves (the walsender's CPU falls as the sleep grows:
+        `make bench-stream ARGS="--sink null"`). The sleep starts at COALESCE_SECONDS,
+        doubles while the server sends at COALESCE_GROW_RATE or more, up to
+        COALESCE_MAX_SECONDS, halves as the burst thins, and starts over after a pause:
+        a first message after a pause is read as soon as it arrives, and a trickle
+        waits at most COALESCE_SECONDS more.
         """
         fds = [self.fileno, *extra_fds]
         # what is already there is read at once: libpq reads a buffer's worth per call

@@ -71,8 +71,8 @@ class FrameSource(Protocol):
         it), size 0 when nothing is buffered, negative when the server ended the copy.
 
         Called once per change with 1, so the real stream hands out libpq's bound
-        method itself: a Python method around it costs ~500 instructions per call
-        and a functools.partial ~160 (callgrind), against ~45,000 per change."""
+        method itself: a Python method or a functools.partial around it costs
+        instructions on every change (bench/callgrind_stream.py)."""
         ...
 
     def ended(self) -> NoReturn:
@@ -280,7 +280,7 @@ class Streamer:
             if buf[0] == _XLOG_DATA_TAG:
                 # Fast path, once per change: copy the frame out of libpq's buffer once
                 # and slice the payload off as bytes (cheaper than a memoryview slice
-                # copied again by the handler: ~400 instructions per change, callgrind).
+                # copied again by the handler; bench/callgrind_stream.py).
                 # The XLogData header's WAL end equals its data start in logical
                 # decoding, so the position the server has sent is tracked from commits
                 # and keepalives instead.

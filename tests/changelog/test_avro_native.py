@@ -33,7 +33,7 @@ from pg2sink.changelog.builder import ChangelogBuilder
 from pg2sink.changelog.records import Modification, Operation, Record, Schema
 from pg2sink.formats.avro import TableEncoder, _primitive
 from pg2sink.formats.avro_native import NativeRowEncoder
-from pg2sink.registry import wire_header
+from pg2sink.schema_registry import wire_header
 from tests.conftest import Database
 
 KEY_HEADER = wire_header(41)

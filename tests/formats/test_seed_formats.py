@@ -227,7 +227,7 @@ def test_an_empty_host_is_unknown() -> None:
 )
 def test_array_text_is_what_postgresql_writes(pg_conn: Any, literal: str, kind: Kind) -> None:
     """wal-listener sent arrays as PostgreSQL's text: pg2sink's from their JSON form."""
-    expression = sql.SQL(literal)  # type: ignore[arg-type]
+    expression = sql.SQL(literal)
     query = sql.SQL("SELECT ({0})::text, to_json({0})::text").format(expression)
     text, as_json = pg_conn.execute(query).fetchone()
     assert pg_array_text(loads(as_json.encode(), exact_numbers=True), kind) == text

@@ -36,7 +36,7 @@ from pg2sink.changelog import _cmodule
 from pg2sink.formats import avro_native
 from pg2sink.formats.kafka import AvroFormat
 from pg2sink.logical.copydata import XLOG_DATA_HEADER
-from pg2sink.registry import RegistryClient, SchemaRegistry, key_subject, value_subject
+from pg2sink.schema_registry import RegistryClient, SchemaRegistry, key_subject, value_subject
 from pg2sink.sinks.base import Sink
 from pg2sink.sinks.file import FileSink
 from pg2sink.sinks.kafka.config import KafkaConfig

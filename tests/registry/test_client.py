@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
-from pg2sink.registry import RegistryClient, key_subject, value_subject, wire_header
-from pg2sink.registry.client import fingerprint, redact_url
+from pg2sink.schema_registry import RegistryClient, key_subject, value_subject, wire_header
+from pg2sink.schema_registry.client import fingerprint, redact_url
 from tests.conftest import KafkaStack
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"

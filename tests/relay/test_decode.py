@@ -14,8 +14,8 @@ from pg2sink.errors import SinkError
 from pg2sink.formats.avro import TableEncoder
 from pg2sink.formats.jsonlines import record_line
 from pg2sink.logical.messages import UNCHANGED_TOAST
-from pg2sink.registry import wire_header
 from pg2sink.relay.decode import Shape, json_record, schema_id
+from pg2sink.schema_registry import wire_header
 from tests.changelog.test_avro import TEXT, T, decode_row, modification, row_schema
 
 

@@ -1,4 +1,4 @@
-"""BackgroundCommits' spacing (pg2sink/sinks/batching.py, Spacing): which batches wait
+"""BackgroundCommits' spacing (pg2sink/sinks/warehouse/commits.py, Spacing): which batches wait
 for `min_interval` and which go at once. The commit is a plain function that records its
 calls: BackgroundCommits is pg2sink's own code, with no server behind it here (the
 BigQuery tests run it against local-bigquery)."""
@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from pg2sink.changelog.records import Record
-from pg2sink.sinks.batching import BackgroundCommits
+from pg2sink.sinks.warehouse.commits import BackgroundCommits
 from tests.conftest import wait_for
 from tests.sinks.test_nats import change, table_schema
 

@@ -10,7 +10,7 @@ import pytest
 
 from pg2sink.errors import SinkError
 from pg2sink.observability.stats import StreamStats
-from pg2sink.retry import Backoff, bounded_wait
+from pg2sink.retry import Backoff, bounded_wait, retries_within
 from pg2sink.sinks.delivery import Acks, Marks, Outages, Outbox, Sent, Window
 from pg2sink.sinks.kafka.acks import Checkpoints
 
@@ -38,6 +38,19 @@ def test_jitter_takes_a_random_share_of_the_bound() -> None:
     assert [backoff.failed() for _ in range(3)] == pytest.approx([0.8, 2.0, 3.6])
     assert bounded_wait(3, 0.1, 5.0, 1.0, lambda: 0.5) == pytest.approx(0.4)  # full jitter
     assert bounded_wait(10_000, 0.1, 5.0) == 5.0  # no overflow however long it failed
+
+
+def test_retries_within_a_deadline_are_the_waits_that_fit_in_it() -> None:
+    # waits 1, 2, 4, 4, 4 ...: 1+2+4 = 7 <= 7 < 11
+    assert [retries_within(d, 1.0, 4.0) for d in (0.0, 0.9, 1.0, 6.9, 7.0, 10.9, 11.0)] == [
+        0,
+        0,
+        1,
+        2,
+        3,
+        3,
+        4,
+    ]
 
 
 def test_a_success_resets_only_after_the_healthy_period() -> None:

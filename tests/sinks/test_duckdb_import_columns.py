@@ -21,7 +21,8 @@ from pg2sink.catalog.types import PgType
 from pg2sink.changelog.batches import ImportTable
 from pg2sink.errors import DecodeError
 from pg2sink.sinks.duckdb.import_columns import StagedColumns
-from pg2sink.sinks.duckdb.imports import _stage, staged_files, staging_dir, staging_layout
+from pg2sink.sinks.duckdb.imports import _stage, staged_files, staging_dir
+from pg2sink.sinks.warehouse.staging import staging_layout
 from tests.conftest import Database
 from tests.sinks.test_file_arrow_lines import (
     PLAIN_ROWS,

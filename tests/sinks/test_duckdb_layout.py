@@ -19,8 +19,8 @@ from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.errors import SinkError
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.duckdb.config import DuckDBConfig
-from pg2sink.sinks.duckdb.layout import widens
 from pg2sink.sinks.duckdb.sink import DuckDBSink
+from pg2sink.sinks.warehouse.layout import widens
 
 NOW = datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
 INT = {"type": "int", "pg.type": "int4"}

@@ -805,7 +805,7 @@ def test_the_registry_knows_the_kinesis_sink() -> None:
         assert option in res.stdout
     # the registry reads config.py only: boto3 is imported when the sink is chosen
     code = (
-        "import sys, pg2sink.sinks.registry as r; r.entry('kinesis');print('boto3' in sys.modules)"
+        "import sys, pg2sink.sinks.entries as r; r.entry('kinesis');print('boto3' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.stdout.strip() == "False", out.stderr

@@ -12,10 +12,10 @@ from typing import Final
 import pytest
 
 from pg2sink.changelog.records import Modification, Operation
+from pg2sink.commands.replay import Point, parse_point
 from pg2sink.errors import ConfigError
 from pg2sink.logical import Commit, decode
 from pg2sink.logical.lsn import format_lsn
-from pg2sink.replay import Point, parse_point
 from pg2sink.subscription.handlers import ChangelogHandler
 from pg2sink.subscription.loop import Streamer
 from pg2sink.subscription.retention import Retention, commit_time

@@ -12,6 +12,6 @@ warehouse.py  the dataset, raw tables (types widened) and views, load jobs with
 sink.py     BigQuerySink: a batch per flush, one Parquet load job per table with an id
             derived from (slot, table, LSN range); acknowledged when every job is DONE
 
-Nothing here imports google-cloud-bigquery at module level but sink.py (the registry
+Nothing here imports google-cloud-bigquery at module level but sink.py (sinks/entries.py
 imports config.py always, and the client is the optional [bigquery] extra).
 """

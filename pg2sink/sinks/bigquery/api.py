@@ -1,6 +1,6 @@
 """The Google client of the BigQuery sink and what its answers mean: the client
 (credentials, --bigquery-endpoint), a request's error as SinkError or, when the server is
-away, SinkUnavailableError (the batch is retried: sinks/batching.py), and the sink's
+away, SinkUnavailableError (the batch is retried: sinks/warehouse/commits.py), and the sink's
 columns (schema.Field) to and from BigQuery's SchemaField.
 """
 
@@ -12,7 +12,7 @@ from google.api_core import exceptions as google_errors
 from google.cloud import bigquery
 
 from pg2sink.errors import SinkError, SinkUnavailableError
-from pg2sink.retry import bounded_wait
+from pg2sink.retry import retries_within
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.schema import Field
 
@@ -102,12 +102,7 @@ def upload_retries(deadline: float) -> int:
     seconds. The upload takes no `retry`: left at the client's default (6 retries, 63 s
     of waits), an upload that meets a server gone away would hold the batch past
     --bigquery-retry-deadline, and the outage would go unreported for a minute."""
-    retries, waited = 0, 0.0
-    while (
-        waited + (wait := bounded_wait(retries, _UPLOAD_FIRST_WAIT, _UPLOAD_MAX_WAIT)) <= deadline
-    ):
-        retries, waited = retries + 1, waited + wait
-    return retries
+    return retries_within(deadline, _UPLOAD_FIRST_WAIT, _UPLOAD_MAX_WAIT)
 
 
 def field_of(field: bigquery.SchemaField) -> Field:

@@ -26,7 +26,7 @@ from pg2sink.changelog.records import Modification, Schema
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.rows import table_rows
 from pg2sink.sinks.bigquery.warehouse import IMPORTS_TABLE, Warehouse
-from pg2sink.sinks.duckdb.imports import _schema_json, staging_layout
+from pg2sink.sinks.warehouse.staging import schema_json, staging_layout
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -78,7 +78,7 @@ class BigQueryImportTarget:
                     bigquery.ScalarQueryParameter("name", "STRING", name),
                     bigquery.ScalarQueryParameter("lsn", "INT64", table.schema.lsn),
                     bigquery.ScalarQueryParameter(
-                        "schema", "STRING", _schema_json(table.schema).decode()
+                        "schema", "STRING", schema_json(table.schema).decode()
                     ),
                     bigquery.ScalarQueryParameter(
                         "layout", "STRING", orjson.dumps(layout.to_json()).decode()

@@ -17,9 +17,9 @@ from pg2sink.changelog.records import Modification, Schema
 from pg2sink.formats.jsonenc import dumps
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.sinks.bigquery.schema import bigquery_type, quote
-from pg2sink.sinks.duckdb.layout import OPERATION, POSITION, Layout
-from pg2sink.sinks.duckdb.toast import Toast
-from pg2sink.sinks.duckdb.values import arrow_batch
+from pg2sink.sinks.warehouse.layout import OPERATION, POSITION, Layout
+from pg2sink.sinks.warehouse.toast import Toast
+from pg2sink.sinks.warehouse.values import arrow_batch, missing_arrays
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -88,18 +88,25 @@ def state_rows(slot: str, lsn: int, position: int, imports: Sequence[str] = ()) 
 
 
 def missing_values(schema: Schema) -> dict[str, str]:
-    """The text of each column's missing value (ADD COLUMN ... DEFAULT), as the DuckDB
-    sink makes it (missing.py, on an in-memory DuckDB); the view casts it to the
-    column's BigQuery type."""
+    """The text of each column's missing value (ADD COLUMN ... DEFAULT): the value as the
+    raw rows hold it (values.value_array), cast to text by Arrow; the view SAFE_CASTs it
+    to the column's BigQuery type. A value Arrow gives no text for (an array, a struct)
+    is left out: the view reads NULL there, as the DuckDB sink's does for a value its
+    type cannot hold."""
     if not schema.missing:
         return {}
-    import duckdb
+    import pyarrow as pa
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-    from pg2sink.sinks.duckdb.missing import missing_texts
-
-    with duckdb.connect() as con:
-        con.execute("SET TimeZone = 'UTC'")
-        return missing_texts(con, schema)
+    out: dict[str, str] = {}
+    for name, _, array in missing_arrays(schema):
+        try:
+            text = pc.cast(array, pa.string())[0].as_py()
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            continue
+        if text is not None:
+            out[name] = text
+    return out
 
 
 class BigQueryToast(Toast):

@@ -2,7 +2,7 @@
 given BigQuery types, as a table schema, and the latest-state view in BigQuery's SQL.
 
 The layout is engine-independent and kept as the DuckDB sink keeps it
-(pg2sink.sinks.duckdb.layout: `new_layout`, `evolve`); its DuckDB types are mapped here
+(pg2sink.sinks.warehouse.layout: `new_layout`, `evolve`); its DuckDB types are mapped here
 (`bigquery_type`), and its DuckDB DDL is not used: the raw table is created and widened
 through the tables API (`table_schema`), the view with `view_sql`.
 """
@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pg2sink.sinks.duckdb.layout import (
+from pg2sink.sinks.warehouse.layout import (
     META,
     OPERATION,
     POSITION,
@@ -111,7 +111,7 @@ def widens(old: Field, new: Field) -> bool:
     both stay or grow (NUMERIC to BIGNUMERIC included, never back), in the same mode.
     https://cloud.google.com/bigquery/docs/reference/standard-sql/data-definition-language#alter_column_set_data_type_statement
     (INT64 to NUMERIC is one too, but a PostgreSQL integer never becomes a numeric in
-    the layout: pg2sink.sinks.duckdb.layout.widens)."""
+    the layout: pg2sink.sinks.warehouse.layout.widens)."""
     if old.type not in _DECIMAL_TYPES or new.type not in _DECIMAL_TYPES:
         return False
     if old.repeated != new.repeated or (old.type, new.type) == ("BIGNUMERIC", "NUMERIC"):

@@ -2,7 +2,7 @@
 with a latest-state view per table (docs/sinks/bigquery.md).
 
 Records are held per transaction until its checkpoint, batched and handed to a
-background thread (pg2sink.sinks.batching.BackgroundCommits), a batch with changes at
+background thread (pg2sink.sinks.warehouse.commits.BackgroundCommits), a batch with changes at
 most once per --bigquery-load-interval (BigQuery's daily load-job quota per table), one of
 checkpoints only confirmed without a load: Schema records become
 raw tables and views (the DuckDB sink's layouts, schema.py), Modifications become rows
@@ -32,12 +32,12 @@ from google.cloud import bigquery
 from pg2sink.changelog.records import Modification, Record, Schema
 from pg2sink.errors import SinkError
 from pg2sink.logical.lsn import format_lsn
-from pg2sink.sinks.batching import BackgroundCommits
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.rows import BigQueryToast, state_rows, table_rows
 from pg2sink.sinks.bigquery.schema import quote
 from pg2sink.sinks.bigquery.warehouse import STATE_TABLE, StagedImport, Warehouse
-from pg2sink.sinks.duckdb.layout import META, OPERATION, POSITION, Layout, evolve, new_layout
+from pg2sink.sinks.warehouse.commits import BackgroundCommits
+from pg2sink.sinks.warehouse.layout import META, OPERATION, POSITION, Layout, evolve, new_layout
 
 if TYPE_CHECKING:
     from pg2sink.observability.stats import StreamStats
@@ -92,7 +92,7 @@ class BigQuerySink:
         self._commits.start(stored)
         log.info("bigquery sink writing to %s, from LSN %s", warehouse.dataset, format_lsn(stored))
 
-    # held, batched and loaded in the background by BackgroundCommits (sinks/batching.py)
+    # held, batched and loaded in the background by BackgroundCommits (sinks/warehouse/commits.py)
     def write(self, record: Record) -> None:
         self._commits.write(record)
 

@@ -1,14 +1,14 @@
 """The BigQuery calls of the sink: the client, the dataset, raw tables and views, load
 jobs with deterministic ids, the state table (docs/sinks/bigquery.md).
 
-A raw table keeps its Layout (the DuckDB sink's, pg2sink.sinks.duckdb.layout) as JSON in
+A raw table keeps its Layout (the DuckDB sink's, pg2sink.sinks.warehouse.layout) as JSON in
 its description, patched together with its schema in one tables.patch, so a restarted
 stream finds the same names and columns. The state table `_pg2sink_state` gets a row
 (slot, LSN, last position) per batch, loaded after the batch's rows.
 
 Every request is retried by the Google client for --bigquery-retry-deadline while it
 fails for want of the server; then it raises SinkUnavailableError (the batch is retried
-by sinks/batching.py). A refusal is a SinkError.
+by sinks/warehouse/commits.py). A refusal is a SinkError.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from pg2sink.sinks.bigquery.schema import (
     view_sql,
     widens,
 )
-from pg2sink.sinks.duckdb.imports import LAYOUT_KEY, SCHEMA_KEY, schema_of
-from pg2sink.sinks.duckdb.layout import Layout
+from pg2sink.sinks.warehouse.layout import Layout
+from pg2sink.sinks.warehouse.staging import LAYOUT_KEY, SCHEMA_KEY, schema_of
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -97,7 +97,7 @@ class Warehouse:
         self.run = uuid.uuid4().hex[:8]
         #: every request's retries (--bigquery-retry-deadline); a failed query job is
         #: not run again by the client (job_retry=None: its retry of the job's insert
-        #: lasts 10 minutes whatever this says), a batch is (sinks/batching.py)
+        #: lasts 10 minutes whatever this says), a batch is (sinks/warehouse/commits.py)
         self.retry = bigquery.DEFAULT_RETRY.with_timeout(config.bigquery_retry_deadline)
         #: a load's upload is retried by google-resumable-media, which counts attempts
         self.upload_retries = upload_retries(config.bigquery_retry_deadline)

@@ -11,6 +11,6 @@ sink.py     DuckDBSink: batches committed with the acknowledged LSN in one trans
 transaction.py  what one DuckDB transaction writes: DDL, rows, staged import files
 imports.py  DuckDBImportTarget: executors stage an import's rows as Parquet files
 
-Nothing here imports duckdb at module level but sink.py (the registry imports config.py
+Nothing here imports duckdb at module level but sink.py (sinks/entries.py imports config.py
 always, and duckdb is the optional [duckdb] extra).
 """

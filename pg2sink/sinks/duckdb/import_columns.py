@@ -2,8 +2,8 @@
 
 The reference path (values.py `arrow_batch`) decodes every value of a batch into the
 stream's Python value (changelog/batches.py `BatchDecoder`), builds an IMPORT
-Modification per row, then Arrow columns of the raw table's DuckDB types: about 4.5 us
-of Python per row of bench-import's six columns. `StagedColumns` builds the same Arrow
+Modification per row, then Arrow columns of the raw table's DuckDB types: Python work
+per value (`make bench-import ARGS="--sink duckdb"`). `StagedColumns` builds the same Arrow
 table a column at a time from PostgreSQL's text instead, by the column's value kind
 (changelog.codecs.KINDS) and DuckDB type (layout.duckdb_type):
 
@@ -39,8 +39,8 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from pg2sink.changelog.batches import BatchDecoder, ImportTable
 from pg2sink.changelog.codecs import Kind
-from pg2sink.sinks.duckdb.layout import Column, Layout, raw_columns
-from pg2sink.sinks.duckdb.values import arrow_batch, arrow_type
+from pg2sink.sinks.warehouse.layout import Column, Layout, raw_columns
+from pg2sink.sinks.warehouse.values import arrow_batch, arrow_type
 
 __all__ = ["StagedColumns"]
 

@@ -17,15 +17,21 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
 from pg2sink.changelog.batches import BatchDecoder, ImportTable
 from pg2sink.changelog.records import Schema
 from pg2sink.errors import SinkError
-from pg2sink.sinks.duckdb.layout import Layout, evolve, new_layout
+from pg2sink.sinks.warehouse.layout import Layout
+from pg2sink.sinks.warehouse.staging import (
+    LAYOUT_KEY,
+    SCHEMA_KEY,
+    schema_json,
+    schema_of,
+    staging_layout,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -33,10 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DuckDBImportTarget",
-    "schema_of",
     "staged_files",
     "staging_dir",
-    "staging_layout",
     "unfinished_files",
 ]
 
@@ -45,8 +49,6 @@ __all__ = [
 ROW_GROUP_ROWS = 122_880
 #: The columns written with a dictionary: the same value in every row of an import.
 DICTIONARY = ("_pg2sink_timestamp", "_pg2sink_lsn", "_pg2sink_xid", "_pg2sink_operation")
-#: the Parquet metadata keys of a staged file
-SCHEMA_KEY, LAYOUT_KEY = b"pg2sink.schema", b"pg2sink.layout"
 
 
 def staging_dir(path: str) -> str:
@@ -83,43 +85,6 @@ def _files(path: str, suffix: str) -> list[str]:
     return [os.path.join(directory, n) for n in names if n.endswith(suffix)]
 
 
-def staging_layout(schema: Schema) -> Layout:
-    """The raw columns a staged file has: the table's layout in a database of its own
-    (the loader maps them to the sink's layout by source column name)."""
-    layout, _ = new_layout(schema, set())
-    layout, _ = evolve(layout, schema)
-    return layout
-
-
-def _schema_json(schema: Schema) -> bytes:
-    return orjson.dumps(
-        {
-            "timestamp": schema.timestamp.isoformat(),
-            "lsn": schema.lsn,
-            "namespace": schema.namespace,
-            "name": schema.name,
-            "schema": schema.schema,
-            "relation_id": schema.relation_id,
-            "primary_key": list(schema.primary_key),
-        }
-    )
-
-
-def schema_of(metadata: dict[bytes, bytes]) -> tuple[Schema, Layout]:
-    """The Schema record and staging layout a staged file's metadata holds."""
-    data: dict[str, Any] = orjson.loads(metadata[SCHEMA_KEY])
-    schema = Schema(
-        datetime.fromisoformat(data["timestamp"]),
-        data["lsn"],
-        data["namespace"],
-        data["name"],
-        data["schema"],
-        data["relation_id"],
-        tuple(data["primary_key"]),
-    )
-    return schema, Layout.from_json(orjson.loads(metadata[LAYOUT_KEY]))
-
-
 @dataclass(frozen=True)
 class DuckDBImportTarget:
     """The duckdb sink's ImportTarget (sinks/base.py): the database's path."""
@@ -150,7 +115,7 @@ def _stage(
 
     layout = staging_layout(table.schema)
     convert = _converter(layout, table, vectorised)
-    metadata = {SCHEMA_KEY: _schema_json(table.schema), LAYOUT_KEY: orjson.dumps(layout.to_json())}
+    metadata = {SCHEMA_KEY: schema_json(table.schema), LAYOUT_KEY: orjson.dumps(layout.to_json())}
     final = os.path.join(staging_dir(path), f"{uuid.uuid4().hex}.parquet")
     temporary = final + ".tmp"
     writer: pq.ParquetWriter | None = None
@@ -194,8 +159,8 @@ def _write(
     data = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
     tables.clear()
     if writer is None:
-        # no dictionaries but for the columns that hold one value per import (measured:
-        # dictionary pages cost more to write than the values, and the file is larger)
+        # no dictionaries but for the columns that hold one value per import: dictionary
+        # pages cost more to write than the values, and the file is larger
         writer = pq.ParquetWriter(
             path, data.schema.with_metadata(metadata), use_dictionary=list(DICTIONARY)
         )
@@ -211,7 +176,7 @@ def _converter(
         from pg2sink.sinks.duckdb.import_columns import StagedColumns
 
         return StagedColumns(layout, table).table_of
-    from pg2sink.sinks.duckdb.values import arrow_batch
+    from pg2sink.sinks.warehouse.values import arrow_batch
 
     decoder = BatchDecoder(table)
 

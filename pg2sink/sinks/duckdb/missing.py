@@ -14,8 +14,7 @@ from __future__ import annotations
 import duckdb
 
 from pg2sink.changelog.records import Schema
-from pg2sink.sinks.duckdb.layout import duckdb_type, non_null
-from pg2sink.sinks.duckdb.values import value_array
+from pg2sink.sinks.warehouse.values import missing_arrays
 
 __all__ = ["missing_texts"]
 
@@ -26,16 +25,8 @@ def missing_texts(con: duckdb.DuckDBPyConnection, schema: Schema) -> dict[str, s
     such values in the rows)."""
     import pyarrow as pa  # type: ignore[import-untyped]
 
-    fields = {f["pg.column"]: f for f in schema.schema["fields"]}
     out: dict[str, str] = {}
-    for name, value in schema.missing.items():
-        field = fields.get(name)
-        if field is None or value is None:
-            continue
-        duck = duckdb_type(non_null(field["type"]))
-        array = value_array(value, duck)
-        if array is None:
-            continue
+    for name, duck, array in missing_arrays(schema):
         con.register("_pg2sink_missing", pa.table({"v": array}))
         try:
             found = con.execute(

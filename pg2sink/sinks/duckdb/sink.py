@@ -1,7 +1,7 @@
 """The DuckDB sink: every table's changes in an embedded DuckDB file, exactly once.
 
 Records are held per transaction until its checkpoint (the commit's end LSN), then join
-the batch; `start_flush()` hands the batch to a background thread (sinks/batching.py,
+the batch; `start_flush()` hands the batch to a background thread (sinks/warehouse/commits.py,
 BackgroundCommits), which writes it in one DuckDB transaction together with its last
 checkpoint in `pg2sink_state` (transaction.py): the Schema records become raw table DDL
 and views (layout.py), the Modifications rows of the raw tables (values.py), numbered by
@@ -46,12 +46,12 @@ import orjson
 
 from pg2sink.changelog.records import Record
 from pg2sink.errors import SinkError
-from pg2sink.sinks.batching import RECORD_BYTES, BackgroundCommits
 from pg2sink.sinks.duckdb.config import DuckDBConfig
 from pg2sink.sinks.duckdb.imports import staged_files, unfinished_files
-from pg2sink.sinks.duckdb.layout import FENCE, POSITION, Layout, quote
 from pg2sink.sinks.duckdb.transaction import Transaction
-from pg2sink.sinks.duckdb.values import without_pandas
+from pg2sink.sinks.warehouse.commits import RECORD_BYTES, BackgroundCommits
+from pg2sink.sinks.warehouse.layout import FENCE, POSITION, Layout, quote
+from pg2sink.sinks.warehouse.values import without_pandas
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,8 @@ SETTINGS = {"write_buffer_row_group_count": "1", "threads": "1"}
 #: the cyclic garbage collector's first threshold while the sink is open (Python's default
 #: is 700): the records held in batches and chunks outlive young collections, so each
 #: collection went through thousands of live records and moved them to the older
-#: generations, whose full collections then went through them again (in some runs:
-#: bench-stream's 800,000 changes took 6.8 s of CPU against 5.1, docs/benchmarks.md);
-#: records hold no reference cycles, reference counting frees them
+#: generations, whose full collections then went through them again (`make bench-stream
+#: ARGS="--sink duckdb"`); records hold no reference cycles, reference counting frees them
 GC_THRESHOLD = 20_000
 
 _INTERNAL = (
@@ -182,7 +181,7 @@ class DuckDBSink:
             gc.set_threshold(GC_THRESHOLD, *self._gc_threshold[1:])
         log.debug("duckdb sink writing to %s, from LSN %s", self.path, stored)
 
-    # held, batched and committed in the background by BackgroundCommits (sinks/batching.py)
+    # held, batched and committed in the background (sinks/warehouse/commits.py)
     def start_flush(self) -> None:
         self._commits.start_flush()
 

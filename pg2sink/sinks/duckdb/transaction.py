@@ -18,8 +18,8 @@ import orjson
 
 from pg2sink.changelog.records import Modification, Record, Schema
 from pg2sink.errors import SinkError
-from pg2sink.sinks.duckdb.imports import schema_of
-from pg2sink.sinks.duckdb.layout import (
+from pg2sink.sinks.duckdb.missing import missing_texts
+from pg2sink.sinks.warehouse.layout import (
     META,
     OPERATION,
     POSITION,
@@ -29,9 +29,9 @@ from pg2sink.sinks.duckdb.layout import (
     quote,
     raw_columns,
 )
-from pg2sink.sinks.duckdb.missing import missing_texts
-from pg2sink.sinks.duckdb.toast import Toast
-from pg2sink.sinks.duckdb.values import UnfilledError, arrow_batch, arrow_rows, json_marked
+from pg2sink.sinks.warehouse.staging import schema_of
+from pg2sink.sinks.warehouse.toast import Toast
+from pg2sink.sinks.warehouse.values import UnfilledError, arrow_batch, arrow_rows, json_marked
 
 __all__ = ["Transaction"]
 

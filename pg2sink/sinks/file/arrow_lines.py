@@ -1,8 +1,8 @@
 """An import batch's JSON lines built column-wise with Arrow compute kernels (C++).
 
 The reference path of the file import writer (imports.py) turns every value of a batch
-into a Python object and lets orjson write a line per row: about 2.4 us of Python per
-row. `LineBuilder` builds the same bytes a column at a time instead:
+into a Python object and lets orjson write a line per row: Python work per value.
+`LineBuilder` builds the same bytes a column at a time instead:
 
 1. Per column, the JSON text of each value (its *fragment*) as an Arrow string array,
    chosen by the column's value kind (changelog.codecs.KINDS):
@@ -20,8 +20,8 @@ row. `LineBuilder` builds the same bytes a column at a time instead:
    | anything else (bytes, arrays)              | the converter and orjson, per value      |
 
    The text and whole-second cases work on the column's bytes with numpy
-   (column_bytes.py): measured in-process on bench-import's columns, 0.45 -> 0.32 us
-   of CPU per row for the whole line.
+   (column_bytes.py), cheaper per row than Arrow's string kernels
+   (`make bench-import ARGS="--sink file"`).
 
    A vectorised form is used only for the text it is exact for, checked per value
    (a regular expression for dates and times, the last character for numbers, ...);

@@ -7,9 +7,9 @@ column's data buffer instead of a kernel per step or a Python object per value:
   control character (U+0000-U+001F), each value is its JSON string's body as it is
   (RFC 8259 section 7: only those must be escaped; orjson escapes exactly those and
   leaves everything else, non-ASCII, U+007F, U+2028 included, as it is). Escaping with
-  numpy was measured slower than orjson (np.insert of the backslashes 0.35 us/row for
-  bench-import's jsonb column, against 0.12 us/row for orjson's list and its cut), so a
-  column that needs it still goes through orjson (arrow_lines `_text`).
+  numpy (np.insert of the backslashes) is slower than orjson's list and its cut, so a
+  column that needs it still goes through orjson (arrow_lines `_text`;
+  `make bench-import ARGS="--sink file"`).
 - **Whole-second dates and times at a fixed width** (`fixed_datetimes`): when every
   value is `width` bytes, the column is a (rows, width) byte matrix; its fields are
   checked in range, as arrow_lines' regular expressions do, and the ISO 'T' put in place

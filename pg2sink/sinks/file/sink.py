@@ -145,8 +145,8 @@ class FileSink:
         """Hand what is written to the kernel, and start an fsync in the background.
 
         os.fsync releases the GIL, so decoding goes on while the disk works (an
-        fsync of a busy file takes milliseconds to tens of them: measured 17 ms on
-        average in bench-stream). One fsync is in flight at most; its mark, taken
+        fsync of a busy file takes milliseconds to tens of them: `make bench-stream`).
+        One fsync is in flight at most; its mark, taken
         before the data went to the kernel, becomes durable when it returns.
         """
         self._collect()

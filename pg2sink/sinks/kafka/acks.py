@@ -6,8 +6,8 @@ arrive out of order, and a later ack never covers an earlier unacknowledged mess
 (DESIGN.md §3).
 
 pg2sink does not track messages one by one. A delivery report per message is a Python
-callback with a Message object built for it: ~2 us of the main thread per change,
-measured, on a path whose whole budget is ~8 us. Instead the producer reports failures
+callback with a Message object built for it, a large share of the main thread's work
+per change (`make bench-stream ARGS="--sink kafka"`). Instead the producer reports failures
 only (delivery.report.only.error), and a checkpoint is acknowledged when the producer is
 seen *drained*: its out-queue (messages queued or in flight, plus reports not yet served)
 is empty after serving the reports, and none of them was a failure. Every message

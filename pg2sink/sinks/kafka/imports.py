@@ -69,7 +69,7 @@ class KafkaImportTarget:
                 raise ConfigError(
                     "--format avro needs --schema-registry-url (or use --format json)"
                 )
-            from pg2sink.registry import RegistryClient
+            from pg2sink.schema_registry import RegistryClient
 
             recording = RecordingRegistry(
                 RegistryClient(self.cfg.schema_registry_url, self.cfg.registry.reveal())

@@ -34,13 +34,11 @@ REQUIRED_SETTINGS = {
 }
 _SETTING_ALIASES = {"request.required.acks": "acks"}
 #: Producer settings of the stream and of imports unless --kafka-config sets them (under
-#: either of librdkafka's names, _DEFAULT_ALIASES). lz4, measured on this project's
-#: 2-core machine with the broker beside pg2sink (docs/benchmarks.md "lz4 for the stream"): imports
-#: (200k rows of bench-import's mix) the broker's CPU 2.2 -> 0.7 us per row, the
-#: producer's ~2.0 either way; bench-stream (800,000 changes, 5 rounds alternating) the
-#: broker's CPU 3.59 -> 2.08 s, pg2sink's 3.91 -> 3.75 s (medians), the run faster in
-#: every round, the topic 186 -> 59 MiB. zstd: the same for the broker, +0.3 us per row
-#: for the producer; linger.ms 20 or 50: no gain.
+#: either of librdkafka's names, _DEFAULT_ALIASES). lz4: less CPU for the broker, the
+#: same for the producer, a faster run and a topic a third of the size; zstd costs the
+#: producer more for the same; a longer linger.ms gains nothing (`make bench-stream
+#: ARGS="--sink kafka"` and `make bench-import ARGS="--sink kafka"`, with this default
+#: and with compression.type=none).
 PRODUCER_DEFAULTS = {"compression.type": "lz4"}
 _DEFAULT_ALIASES = {"compression.type": ("compression.codec",)}
 #: Producer settings pg2sink cannot work with, and why (named without their value).

@@ -79,8 +79,8 @@ log = logging.getLogger(__name__)
 FLUSH_WAIT = 1.0
 #: start_flush() drains (waits) only when the producer was last seen empty this long ago:
 #: a drain stops producing for a round trip, and the stream asks for up to ten flushes a
-#: second when it has caught up with the server (measured: ratio 0.45 with a drain at
-#: every flush of bench-stream's run)
+#: second when it has caught up with the server (a drain at every flush about halves
+#: the rate of `make bench-stream ARGS="--sink kafka"`)
 DRAIN_AFTER = 1.0
 #: One wait for room in a full producer queue, in seconds.
 ROOM_WAIT = 0.002
@@ -356,7 +356,7 @@ class KafkaSink:
         """The producer's queue is full: wait a moment for deliveries to make room.
 
         Short waits, retried by the caller: librdkafka reports failures only, so nothing
-        wakes poll() when a delivery frees room (a poll(0.1) stalled 100 ms every time)."""
+        wakes poll() when a delivery frees room (a long poll() stalls for all its timeout)."""
         if not self._queue_full:
             self._queue_full = True  # logged once until the producer is next seen empty
             log.debug("kafka producer queue full; waiting for deliveries")

@@ -25,10 +25,10 @@ SinkUnavailableError after `reset()`: the service reconnects after a pause and
 PostgreSQL replays from the last confirmed position, while this thread, finding its
 generation changed, gives up the batch it was retrying (the replay brings it again).
 
-Why a thread: a PutRecords of 500 JSON records of ~230 bytes took 54 ms against
-kinesalite, of which 4.6 ms of this process's CPU; sent at start_flush on the stream's
-thread, it would stop decoding for those 54 ms every 500 records
-(bench/kinesis_sink.py measures the whole sink).
+Why a thread: a PutRecords of 500 records waits for the server far longer than it
+takes of this process's CPU; sent at start_flush on the stream's thread, it would stop
+decoding for that wait every 500 records (bench/kinesis_sink.py measures the whole
+sink).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Why not nats-py's `publish` and a subscription callback: per message, `publish`
 validates both subjects, builds the header block from a dict (a regex per key), formats
 the HPUB line and may queue a flush; on the way back, each reply has its headers parsed,
 becomes a `Msg`, goes through an asyncio.Queue to the subscription's task, and is awaited
-in a callback. That was most of the sink's CPU per message (docs/benchmarks.md, "NATS
-publishing path"). Here the sink builds a message's header block once (`msg_id_header`),
+in a callback: most of the sink's CPU per message (`make bench-stream ARGS="--sink
+nats"`). Here the sink builds a message's header block once (`msg_id_header`),
 the loop thread builds the frames of up to a chunk of messages into one write with one
 bytes formatting each and no Python code per message (`frames`), and the replies of the
 acknowledgement subscription go to plain functions (`AckClient`), not through nats-py's

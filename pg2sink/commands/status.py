@@ -7,13 +7,17 @@ readable summary by default, `--json` for scripts.
 
 from __future__ import annotations
 
+import argparse
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg.rows import TupleRow
 
+from pg2sink import options
 from pg2sink.catalog.server import connect
+from pg2sink.commands.configs import source_config
 from pg2sink.config import SourceConfig
 from pg2sink.errors import ConfigError
 from pg2sink.imports import jobs
@@ -28,6 +32,7 @@ from pg2sink.publication.published import (
     publication_members,
 )
 from pg2sink.routing.check import unmatched_rules
+from pg2sink.routing.config import RoutingConfig
 from pg2sink.routing.rules import Rules
 
 _SLOT = """
@@ -354,3 +359,29 @@ def _health(s: SlotStatus) -> str:
 
 def as_json(status: Status) -> dict[str, Any]:
     return asdict(status)
+
+
+def run_status(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
+    """`pg2sink status`: as text, or one JSON object with --json."""
+    rules = options.build(RoutingConfig, args).rules()
+    result = collect(source_config(args), rules)
+    if args.json:
+        print(json.dumps(as_json(result), indent=2))
+    else:
+        print(render(result))
+
+
+def run_import(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
+    """`pg2sink import`: the tables' imports requested again, or the jobs listed."""
+    src = source_config(args)
+    if args.list or not args.import_tables:
+        if not args.list:
+            raise ConfigError("pg2sink import needs --table SCHEMA.TABLE or --list")
+        found = import_jobs(src, include_expired=args.all)
+        if args.json:
+            print(json.dumps([j.as_json() for j in found], indent=2))
+        else:
+            print("\n".join(render_jobs(found)))
+        return
+    for line in request_imports(src, args.import_tables):
+        print(line)

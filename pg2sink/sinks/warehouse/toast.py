@@ -1,4 +1,5 @@
-"""Unchanged TOASTed values filled in before a row is written (docs/sinks/duckdb.md).
+"""Unchanged TOASTed values filled in before a row is written (docs/sinks/duckdb.md); the
+BigQuery sink's BigQueryToast reads the previous rows from its own tables.
 
 An UPDATE that leaves a TOASTed value unchanged does not carry it (UNCHANGED_TOAST in
 `after`). The sink writes whole rows instead, so that the view needs no look-back: the
@@ -9,14 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import Any
-
-import duckdb
+from typing import TYPE_CHECKING, Any
 
 from pg2sink.changelog.pgvalues import PgText
 from pg2sink.changelog.records import Modification, Operation
 from pg2sink.logical.messages import UNCHANGED_TOAST
-from pg2sink.sinks.duckdb.layout import OPERATION, POSITION, Column, Layout, quote
+from pg2sink.sinks.warehouse.layout import OPERATION, POSITION, Column, Layout, quote
+
+if TYPE_CHECKING:
+    import duckdb
 
 __all__ = ["Toast"]
 

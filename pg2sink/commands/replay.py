@@ -11,11 +11,13 @@ replay) unless --advance-slot, then as --wal-retain says.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from pg2sink.changelog.records import Message, Modification, Record, Schema
+from pg2sink.commands.configs import stream_config
 from pg2sink.config import StreamConfig
 from pg2sink.errors import ConfigError
 from pg2sink.logical.lsn import format_lsn, parse_lsn
@@ -130,3 +132,9 @@ def run_replay(cfg: StreamConfig, point: Point, *, advance_slot: bool = False) -
             return Since(make_sink(cfg), point)
 
     Replay(cfg).run()
+
+
+def run(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
+    """`pg2sink replay --since`: --since checked before anything connects."""
+    point = parse_point(args.since)
+    run_replay(stream_config(args), point, advance_slot=args.advance_slot)

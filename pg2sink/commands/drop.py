@@ -4,8 +4,11 @@ trigger removed; on a hot standby the slot is the standby's and the rest the pri
 
 from __future__ import annotations
 
+import argparse
+
 from pg2sink.catalog.server import connect
 from pg2sink.catalog.standby import connect_primary, in_recovery
+from pg2sink.commands.configs import source_config
 from pg2sink.config import SourceConfig
 from pg2sink.imports.migrate import set_capture_ddl
 from pg2sink.publication.manager import PublicationManager
@@ -49,3 +52,9 @@ def run_drop(src: SourceConfig) -> list[str]:
             primary.close()
         conn.close()
     return done
+
+
+def run(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
+    """`pg2sink drop`: what was done, a line each."""
+    for line in run_drop(source_config(args)):
+        print(line)

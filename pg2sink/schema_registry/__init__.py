@@ -8,8 +8,8 @@ wire_header           the Confluent wire-format prefix of a message
 
 from __future__ import annotations
 
-from pg2sink.registry.client import RegistryClient, SchemaRegistry
-from pg2sink.registry.subjects import key_subject, value_subject
-from pg2sink.registry.wire import wire_header
+from pg2sink.schema_registry.client import RegistryClient, SchemaRegistry
+from pg2sink.schema_registry.subjects import key_subject, value_subject
+from pg2sink.schema_registry.wire import wire_header
 
 __all__ = ["RegistryClient", "SchemaRegistry", "key_subject", "value_subject", "wire_header"]

@@ -18,7 +18,7 @@ from pg2sink.config import Group, StreamConfig
 from pg2sink.errors import ConfigError
 from pg2sink.options import Option
 from pg2sink.relay.config import GROUP, RelayConfig
-from pg2sink.sinks import registry
+from pg2sink.sinks import entries
 from pg2sink.sinks.kafka.config import KafkaConfig
 
 __all__ = ["add_parser", "run"]
@@ -45,9 +45,9 @@ def add_parser(sub: Any, sinks: list[Option], groups: list[str], logging: list[O
 
 def _sink(args: argparse.Namespace) -> Any:
     """The chosen sink, not opened, from its options (checked as the stream checks them)."""
-    entry = registry.entry(args.sink or StreamConfig.sink)
+    entry = entries.entry(args.sink or StreamConfig.sink)
     config = None if entry.config is None else options.build(entry.config, args)
-    if isinstance(config, registry.Checked):
+    if isinstance(config, entries.Checked):
         config.check()
     return entry.create(config)
 
@@ -61,7 +61,7 @@ def _offsets_file(cfg: RelayConfig, args: argparse.Namespace) -> Path | None:
     return Path(args.duckdb_path)
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
     """Relay until SIGINT or SIGTERM."""
     cfg: RelayConfig = options.build(RelayConfig, args)
     cfg.check()

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from functools import cache
 from typing import TYPE_CHECKING
 
 from pg2sink.changelog.pgvalues import PgArray, PgText
-from pg2sink.changelog.records import Modification
+from pg2sink.changelog.records import Modification, Schema
 from pg2sink.formats.jsonenc import dumps
 from pg2sink.logical.messages import UNCHANGED_TOAST
-from pg2sink.sinks.duckdb.layout import Layout, raw_columns
+from pg2sink.sinks.warehouse.layout import Layout, duckdb_type, non_null, raw_columns
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -40,6 +40,7 @@ __all__ = [
     "arrow_rows",
     "arrow_type",
     "json_marked",
+    "missing_arrays",
     "value_array",
     "without_pandas",
 ]
@@ -203,6 +204,22 @@ def value_array(value: object, duck: str) -> pa.Array | None:
     texts: list[dict[str, str] | None] = [None]
     array = _column([value], duck, "", texts)
     return None if texts[0] else array
+
+
+def missing_arrays(schema: Schema) -> Iterator[tuple[str, str, pa.Array]]:
+    """Per column of `schema` with a missing value (ADD COLUMN ... DEFAULT) its type can
+    hold: its name, its DuckDB type and the value as a one-element Arrow array (a value
+    the type cannot hold is left out: the views read NULL there, as for such values in
+    the rows)."""
+    fields = {f["pg.column"]: f for f in schema.schema["fields"]}
+    for name, value in schema.missing.items():
+        field = fields.get(name)
+        if field is None or value is None:
+            continue
+        duck = duckdb_type(non_null(field["type"]))
+        array = value_array(value, duck)
+        if array is not None:
+            yield name, duck, array
 
 
 def arrow_batch(
