@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO))
 import services  # noqa: E402
 
 from pg2sink.changelog.records import Modification, Operation, Schema  # noqa: E402
-from pg2sink.formats.kinesis import Payload  # noqa: E402
 from pg2sink.sinks.kinesis.config import KinesisConfig  # noqa: E402
+from pg2sink.sinks.kinesis.payload import Payload  # noqa: E402
 from pg2sink.sinks.kinesis.sink import KinesisSink  # noqa: E402
 
 #: The last checkpoint: everything written is below it.

@@ -1,5 +1,5 @@
 """`--config FILE` (pg2sink/configfile.py) and `pg2sink config check|show`
-(configshow.py): keys from the options, flags and variables over the file, one-line
+(commands/config.py): keys from the options, flags and variables over the file, one-line
 errors naming the file, line and key, secrets from the environment or files and never
 shown; and a real stream configured by the file alone."""
 

@@ -7,9 +7,9 @@ pg2sink's own forms:
 - avro.py, avro_native.py: the Avro envelope and key of a change (Python, the reference)
   and its C encoder from pgoutput's bytes (changelog/_avro_native.c, chosen once by
   PG2SINK_IMPL, changelog/_cmodule.py);
-- kafka.py, nats.py, kinesis.py: each message sink's key and value (or payload) of every
-  record kind in each of its formats; debezium_keys.py: --format debezium's primary key
-  changes on Kafka.
+- kafka.py, nats.py: the Kafka and NATS sinks' key and value (or payload) of every
+  record kind in each of their formats (the Kinesis sink's records are its own entries,
+  sinks/kinesis/payload.py, from these encoders).
 
 The message formats of the message sinks (Kafka, NATS, Kinesis), `--format`
 (docs/formats.md):

@@ -21,16 +21,13 @@ from functools import partial
 from typing import Protocol
 
 from pg2sink.changelog.records import Modification, Operation, Schema
-from pg2sink.errors import ConfigError
 from pg2sink.formats.avro import TableEncoder
 from pg2sink.formats.avro_native import NativeRowEncoder
-from pg2sink.formats.base import Encoder, Origin
+from pg2sink.formats.base import Encoder
 from pg2sink.formats.base import TableEncoder as FormatTable
 from pg2sink.formats.jsonenc import dumps
 from pg2sink.formats.jsonlines import modification_object
-from pg2sink.formats.registry import encoder
 from pg2sink.schema_registry import SchemaRegistry, key_subject, value_subject, wire_header
-from pg2sink.sinks.kafka.config import KafkaConfig
 
 __all__ = [
     "AvroFormat",
@@ -39,7 +36,6 @@ __all__ = [
     "JsonFormat",
     "TableFormat",
     "key_row",
-    "message_format",
     "modification_json",
 ]
 
@@ -171,25 +167,3 @@ class EncoderFormat:
 
     def close(self) -> None:
         pass
-
-
-def message_format(cfg: KafkaConfig, registry: SchemaRegistry | None = None) -> Format:
-    """The Format of `cfg.format`; avro writes through `registry` (by default a client
-    of --schema-registry-url), ConfigError without one."""
-    if cfg.format == "json":
-        return JsonFormat()
-    f = cfg.formatting
-    if cfg.format != "avro" and not f.debezium_avro:
-        origin = Origin(f.host, f.database, cfg.topic_prefix)
-        return EncoderFormat(encoder(cfg.format, origin, f.debezium_schemas))
-    if registry is None:
-        if not cfg.schema_registry_url:
-            raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")
-        from pg2sink.schema_registry import RegistryClient
-
-        registry = RegistryClient(cfg.schema_registry_url, cfg.registry.reveal())
-    if f.debezium_avro:  # --format debezium --debezium-avro
-        from pg2sink.formats.debezium_avro import DebeziumAvroFormat
-
-        return DebeziumAvroFormat(Origin(f.host, f.database, cfg.topic_prefix), registry)
-    return AvroFormat(registry)

@@ -14,13 +14,11 @@ from typing import Protocol
 
 from pg2sink.changelog.records import Message, Modification, Schema
 from pg2sink.errors import SinkError
-from pg2sink.formats.base import Encoder, Origin, TableEncoder
+from pg2sink.formats.base import Encoder, TableEncoder
 from pg2sink.formats.jsonenc import dumps
 from pg2sink.formats.jsonlines import message_object, modification_object, schema_line
-from pg2sink.formats.registry import encoder
-from pg2sink.sinks.nats.config import NatsConfig
 
-__all__ = ["FormatPayload", "JsonPayload", "Payload", "payload_for"]
+__all__ = ["FormatPayload", "JsonPayload", "Payload"]
 
 
 class Payload(Protocol):
@@ -68,12 +66,3 @@ class FormatPayload(JsonPayload):
         if table is None:
             raise SinkError(f"change of {m.namespace}.{m.name} before its Schema record")
         return table.value(m)
-
-
-def payload_for(cfg: NatsConfig) -> Payload:
-    """The payload of the config's --format."""
-    if cfg.format == "json":
-        return JsonPayload()
-    f = cfg.formatting
-    origin = Origin(f.host, f.database, cfg.nats_subject_prefix)
-    return FormatPayload(encoder(cfg.format, origin, f.debezium_schemas))

@@ -33,7 +33,6 @@ import services
 from pg2sink.changelog.records import Message, Modification, Operation, Schema, Truncation
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
 from pg2sink.formats.jsonlines import record_line
-from pg2sink.formats.kinesis import MESSAGES_KEY, Payload
 from pg2sink.observability.stats import StreamStats
 from pg2sink.retry import bounded_wait
 from pg2sink.sinks.delivery import Marks as _Marks
@@ -49,6 +48,7 @@ from pg2sink.sinks.kinesis.batching import (
 )
 from pg2sink.sinks.kinesis.config import KinesisConfig
 from pg2sink.sinks.kinesis.imports import KinesisImportTarget
+from pg2sink.sinks.kinesis.payload import MESSAGES_KEY, Payload
 from pg2sink.sinks.kinesis.sender import Sender
 from pg2sink.sinks.kinesis.sink import KinesisSink
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pg2sink.errors import ConfigError
 from pg2sink.formats.config import Formatting
 from pg2sink.options import flag, split_settings
 from pg2sink.sensitive import Settings, url_password
+
+if TYPE_CHECKING:
+    from pg2sink.formats.kafka import Format
+    from pg2sink.schema_registry import SchemaRegistry
 
 GROUP = "kafka sink (--sink=kafka)"
 
@@ -167,3 +171,30 @@ def parse_topic_map(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:
             raise ConfigError(f"invalid --topic-map {pair!r}: expected schema.table=topic")
         out[table] = topic.strip()
     return tuple(out.items())
+
+
+def message_format(cfg: KafkaConfig, registry: SchemaRegistry | None = None) -> Format:
+    """The Format of `cfg.format`; avro writes through `registry` (by default a client
+    of --schema-registry-url), ConfigError without one. (Its imports are the sink's,
+    not the CLI's, which reads this module for the options.)"""
+    from pg2sink.formats.base import Origin
+    from pg2sink.formats.kafka import AvroFormat, EncoderFormat, JsonFormat
+    from pg2sink.formats.registry import encoder
+
+    if cfg.format == "json":
+        return JsonFormat()
+    f = cfg.formatting
+    if cfg.format != "avro" and not f.debezium_avro:
+        origin = Origin(f.host, f.database, cfg.topic_prefix)
+        return EncoderFormat(encoder(cfg.format, origin, f.debezium_schemas))
+    if registry is None:
+        if not cfg.schema_registry_url:
+            raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")
+        from pg2sink.schema_registry import RegistryClient
+
+        registry = RegistryClient(cfg.schema_registry_url, cfg.registry.reveal())
+    if f.debezium_avro:  # --format debezium --debezium-avro
+        from pg2sink.formats.debezium_avro import DebeziumAvroFormat
+
+        return DebeziumAvroFormat(Origin(f.host, f.database, cfg.topic_prefix), registry)
+    return AvroFormat(registry)

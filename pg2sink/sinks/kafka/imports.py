@@ -57,7 +57,8 @@ class KafkaImportTarget:
     def begin(self, schema: Schema) -> KafkaImportTarget:
         """Produce the Schema record (registers the subjects, checks the topic, writes
         --schema-topic) and wait for it; the target with the subjects' ids."""
-        from pg2sink.formats.kafka import AvroFormat, message_format
+        from pg2sink.formats.kafka import AvroFormat
+        from pg2sink.sinks.kafka.config import message_format
         from pg2sink.sinks.kafka.sink import KafkaSink
 
         recording: RecordingRegistry | None = None
@@ -88,7 +89,8 @@ class KafkaImportTarget:
 
     def write_rows(self, table: ImportTable, batches: Iterator[pa.RecordBatch]) -> int:
         """Produce every row and wait for every delivery; the number of rows."""
-        from pg2sink.formats.kafka import AvroFormat, message_format
+        from pg2sink.formats.kafka import AvroFormat
+        from pg2sink.sinks.kafka.config import message_format
         from pg2sink.sinks.kafka.sink import KafkaSink
 
         # the driver published the Schema record to --schema-topic once; imports are not

@@ -4,8 +4,8 @@ transactional one (transactional.py); --transaction-topic is a part either holds
 
 from __future__ import annotations
 
-from pg2sink.formats.debezium_keys import with_key_changes
 from pg2sink.sinks.kafka.config import KafkaConfig
+from pg2sink.sinks.kafka.debezium import with_key_changes
 from pg2sink.sinks.kafka.sink import KafkaSink
 from pg2sink.sinks.kafka.transactional import ExactlyOnceKafkaSink
 

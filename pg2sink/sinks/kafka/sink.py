@@ -56,10 +56,10 @@ from pg2sink.changelog.records import Modification, Operation, Record, Schema, T
 from pg2sink.errors import ConfigError, SinkError
 from pg2sink.formats.jsonenc import dumps
 from pg2sink.formats.jsonlines import message_object, schema_line
-from pg2sink.formats.kafka import Format, TableFormat, message_format
+from pg2sink.formats.kafka import Format, TableFormat
 from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.kafka.acks import Checkpoints
-from pg2sink.sinks.kafka.config import KafkaConfig
+from pg2sink.sinks.kafka.config import KafkaConfig, message_format
 from pg2sink.sinks.kafka.health import PROBE_WAIT, BrokerHealth
 from pg2sink.sinks.kafka.producer import (
     TROUBLE,

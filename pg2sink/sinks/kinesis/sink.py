@@ -44,11 +44,11 @@ from botocore.exceptions import ConnectionError as NoConnection
 
 from pg2sink.changelog.records import Record, Schema
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
-from pg2sink.formats.kinesis import Payload, bounded_key, payload_for
 from pg2sink.options import add_secret
 from pg2sink.sinks.delivery import Marks
 from pg2sink.sinks.kinesis.batching import MAX_RECORD_BYTES, Entry
 from pg2sink.sinks.kinesis.config import KinesisConfig
+from pg2sink.sinks.kinesis.payload import Payload, bounded_key, payload_for
 from pg2sink.sinks.kinesis.sender import MAX_QUEUED, STALL_WAIT, Sender
 
 if TYPE_CHECKING:

@@ -47,9 +47,11 @@ from typing import TYPE_CHECKING
 from pg2sink.changelog.builder import RowWriter, TableShape
 from pg2sink.changelog.records import Message, Modification, Operation, Record, Schema, Truncation
 from pg2sink.errors import SinkError, SinkUnavailableError
+from pg2sink.formats.base import Origin
 from pg2sink.formats.jsonenc import dumps
 from pg2sink.formats.jsonlines import NewRowLines
-from pg2sink.formats.nats import JsonPayload, Payload, payload_for
+from pg2sink.formats.nats import FormatPayload, JsonPayload, Payload
+from pg2sink.formats.registry import encoder
 from pg2sink.options import format_duration
 from pg2sink.sinks.delivery.outbox import Outbox
 from pg2sink.sinks.nats.client import Outgoing, Publisher
@@ -290,3 +292,12 @@ def _import_header(m: Modification, table: _Table) -> bytes:
         return NO_HEADERS
     key = dumps({c: m.after.get(c) for c in table.key})
     return msg_id_header(b"import:%d:%s:%s" % (m.lsn, table.subject, key))
+
+
+def payload_for(cfg: NatsConfig) -> Payload:
+    """The payload of the config's --format."""
+    if cfg.format == "json":
+        return JsonPayload()
+    f = cfg.formatting
+    origin = Origin(f.host, f.database, cfg.nats_subject_prefix)
+    return FormatPayload(encoder(cfg.format, origin, f.debezium_schemas))
