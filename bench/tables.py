@@ -368,8 +368,8 @@ def bigquery_tables(url: str, dataset: str) -> int:
     )
     found = 0
     for table in client.list_tables(f"{BIGQUERY_PROJECT}.{dataset}"):
-        # the raw tables; the views and the sink's own pg2sink_* tables are not counted
-        if table.table_type != "TABLE" or table.table_id.startswith("pg2sink"):
+        # the raw tables (public_t00001_raw ...), not the views nor the sink's own tables
+        if table.table_type != "TABLE" or not table.table_id.endswith("_raw"):
             continue
         rows = client.get_table(table.reference).num_rows
         found += bool(rows)
