@@ -126,6 +126,16 @@ def missing_values(conn: psycopg.Connection[TupleRow], relid: int) -> dict[str, 
     """
     if conn.info.server_version < MISSING_VALUES_VERSION:
         return {}
+    # most tables have none: one round trip tells, where the settings and the rendering
+    # below take eight (a stream that meets 10,000 tables asks this 10,000 times:
+    # `make bench-tables`)
+    has = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_attribute"
+        " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND atthasmissing)",
+        (relid,),
+    ).fetchone()
+    if has is None or not has[0]:
+        return {}
     with conn.transaction():
         for name, value in REPLICATION_SESSION_SETTINGS.items():
             conn.execute(

@@ -99,6 +99,41 @@ def test_names_never_collide(tmp_path: Path) -> None:
     assert columns("public_T_raw")[-5:] == raw
 
 
+def test_names_taken_carry_over_commits_and_reopens(tmp_path: Path) -> None:
+    """The sink reads the file's table and view names once and keeps them as it creates
+    tables: a table first seen in a later commit, or after the file is opened again,
+    still gets a name nothing holds (a user's own table included)."""
+    path = tmp_path / "later.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE public_mine (x INTEGER)")
+    sink = opened(path)
+    sink.write(schema("public", "a_b", ("id", INT)))
+    sink.checkpoint(200)
+    assert sink.flush() == 200
+    sink.write(schema("public_a", "b", ("id", INT)))
+    sink.write(schema("public", "mine", ("id", INT)))
+    sink.checkpoint(300)
+    assert sink.flush() == 300
+    sink.close()
+    sink = opened(path)
+    sink.write(schema("public_a", "b_raw", ("id", INT)))
+    sink.checkpoint(400)
+    assert sink.flush() == 400
+    sink.close()
+    layouts = {
+        (ns, name): (view, raw)
+        for ns, name, view, raw in query(
+            path, "SELECT namespace, name, layout->>'view', layout->>'raw' FROM pg2sink_tables"
+        )
+    }
+    assert layouts == {
+        ("public", "a_b"): ("public_a_b", "public_a_b_raw"),
+        ("public_a", "b"): ("public_a_b_2", "public_a_b_raw_2"),
+        ("public", "mine"): ("public_mine_2", "public_mine_raw"),
+        ("public_a", "b_raw"): ("public_a_b_raw_3", "public_a_b_raw_raw"),
+    }
+
+
 def test_nothing_is_acknowledged_before_its_commit(tmp_path: Path) -> None:
     sink = opened(tmp_path / "ack.duckdb")
     sink.write(schema("public", "t", ("id", INT)))

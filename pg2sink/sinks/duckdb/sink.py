@@ -113,6 +113,8 @@ class DuckDBSink:
         self.slot = STATE_KEY
         self._con: duckdb.DuckDBPyConnection | None = None
         self._layouts: dict[tuple[str, str], Layout] = {}
+        #: the table and view names of the file as of the last commit (Transaction.taken)
+        self._taken: set[str] | None = None
         #: the last position of a committed transaction's raw row (the fence)
         self._position = 0
         #: the transaction written in chunks, committed up to its last chunk (its layouts
@@ -219,6 +221,7 @@ class DuckDBSink:
         writer = self._write(records, lambda w: self._set_state(lsn, w.position))
         self._open = None
         self._layouts, self._position, self._commits.stored = writer.layouts, writer.position, lsn
+        self._taken = writer.taken
         _remove(writer.staged)
         return lsn
 
@@ -230,6 +233,7 @@ class DuckDBSink:
         self._open = writer
         if self._begun is None:  # committed: its DDL and loaded staged files with it
             self._layouts, self._position = dict(writer.layouts), writer.fence
+            self._taken = None if writer.taken is None else set(writer.taken)
             _remove(writer.staged)
             writer.staged = []
 
@@ -257,7 +261,8 @@ class DuckDBSink:
                 con.execute("BEGIN TRANSACTION")
                 self._begun = self._position if writer is None else writer.position
             if writer is None:
-                writer = Transaction(con, dict(self._layouts), self._position)
+                taken = None if self._taken is None else set(self._taken)
+                writer = Transaction(con, dict(self._layouts), self._position, taken)
                 self._load_staged(writer)
                 if writer.staged and finish is None:
                     self._set_state(self._commits.stored, writer.fence)

@@ -40,10 +40,20 @@ class Transaction:
     """What one commit writes: DDL for Schema records, rows per table in order."""
 
     def __init__(
-        self, con: duckdb.DuckDBPyConnection, layouts: dict[tuple[str, str], Layout], position: int
+        self,
+        con: duckdb.DuckDBPyConnection,
+        layouts: dict[tuple[str, str], Layout],
+        position: int,
+        taken: set[str] | None = None,
     ) -> None:
         self.con = con
         self.layouts = layouts
+        #: every table and view name in the database, lower-cased: read once (None: not
+        #: yet), then kept as new layouts take names; the sink hands it to the next
+        #: transaction, as no other connection writes the file. Reading the catalog for
+        #: each new table made 10,000 new tables quadratic (`make bench-tables ARGS="--sink
+        #: duckdb"`)
+        self.taken = taken
         self.position = position
         #: the staged import files loaded (deleted once the transaction committed)
         self.staged: list[str] = []
@@ -51,6 +61,11 @@ class Transaction:
         self.fence = position
         #: per table, the queued rows' positions and Modifications
         self._rows: dict[tuple[str, str], tuple[list[int], list[Modification]]] = {}
+        #: the tables whose layout changed since the last `finish()`: their pg2sink_tables
+        #: rows are written there in one statement, as DuckDB's INSERT OR REPLACE costs
+        #: about as much for one row as for thousands (`make bench-tables ARGS="--sink
+        #: duckdb"`)
+        self._changed: set[tuple[str, str]] = set()
 
     def add(self, records: Iterable[Record]) -> None:
         """Each Schema record's DDL when it comes (after its table's rows before it); the
@@ -77,9 +92,20 @@ class Transaction:
         self.position = position
 
     def finish(self) -> None:
-        """Insert every table's queued rows."""
+        """Insert every table's queued rows; store the layouts that changed."""
         for table in list(self._rows):
             self._insert(table)
+        if self._changed:
+            changed = [self.layouts[table] for table in sorted(self._changed)]
+            self._changed.clear()
+            self.con.execute(
+                "INSERT OR REPLACE INTO pg2sink_tables SELECT unnest(?), unnest(?), unnest(?)",
+                [
+                    [layout.namespace for layout in changed],
+                    [layout.name for layout in changed],
+                    [orjson.dumps(layout.to_json()).decode() for layout in changed],
+                ],
+            )
 
     def load(self, file: str) -> None:
         """A staged import file's rows into its table's raw table (imports.py), after the
@@ -129,22 +155,23 @@ class Transaction:
             layout, ddl = new_layout(schema, self._taken_names())
         missing = missing_texts(self.con, schema)
         layout, more = evolve(layout, schema, keep, position=self.position, missing=missing)
+        if ddl:
+            ddl, more = _with_columns(ddl, more, layout.raw)
         for statement in (*ddl, *more):
             self.con.execute(statement)
         if ddl or more:
-            self.con.execute(
-                "INSERT OR REPLACE INTO pg2sink_tables VALUES (?, ?, ?)",
-                [schema.namespace, schema.name, orjson.dumps(layout.to_json()).decode()],
-            )
+            self._changed.add(table)
         self.layouts[table] = layout
 
     def _taken_names(self) -> set[str]:
-        """Every table and view name in the database, lower-cased."""
-        rows = self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()
-        taken = {str(name).lower() for (name,) in rows}
-        for layout in self.layouts.values():
-            taken.update((layout.raw.lower(), layout.view.lower()))
-        return taken
+        """Every table and view name in the database, lower-cased (`taken`); new_layout
+        adds the names it takes."""
+        if self.taken is None:
+            rows = self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+            self.taken = {str(name).lower() for (name,) in rows}
+            for layout in self.layouts.values():
+                self.taken.update((layout.raw.lower(), layout.view.lower()))
+        return self.taken
 
     def _insert(self, table: tuple[str, str]) -> None:
         """The queued rows of `table` into its raw table, unchanged TOAST filled in."""
@@ -167,3 +194,17 @@ class Transaction:
             )
         finally:
             self.con.unregister("_pg2sink_batch")
+
+
+def _with_columns(
+    create: list[str], statements: list[str], raw: str
+) -> tuple[list[str], list[str]]:
+    """A new raw table's CREATE TABLE with the columns `evolve` adds to it, and the
+    statements left: one statement instead of one per column, for the same table (each
+    DDL statement costs DuckDB milliseconds, and a stream may meet thousands of tables:
+    `make bench-tables ARGS="--sink duckdb"`)."""
+    (statement,) = create
+    add = f"ALTER TABLE {quote(raw)} ADD COLUMN "
+    columns = [s.removeprefix(add) for s in statements if s.startswith(add)]
+    rest = [s for s in statements if not s.startswith(add)]
+    return [statement.removesuffix(")") + "".join(", " + c for c in columns) + ")"], rest
