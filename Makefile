@@ -46,7 +46,7 @@ check: venv
 # a hand-made column list and row filter with its import), an import converging with
 # concurrent writes, and the file and Kafka sinks end to end.
 COMPAT_VERSIONS := 14 16 17 18
-KAFKA_COMPAT := $(addprefix tests/sinks/test_kafka.py::test_,changes_on_several_tables_round_trip \
+KAFKA_COMPAT := $(addprefix tests/sinks/kafka/test_kafka.py::test_,changes_on_several_tables_round_trip \
 	same_key_same_partition_in_order_and_tombstones add_column_registers_a_new_version_used_by_later_messages \
 	incompatible_change_stops_and_leaves_the_change_unconfirmed kill_9_and_restart_loses_no_change \
 	json_format_needs_no_registry sink_acknowledges_checkpoints_after_delivery \
@@ -61,7 +61,7 @@ COMPAT_TESTS := tests/subscription/test_stream.py tests/subscription/test_fideli
 	tests/publication/test_manager.py \
 	tests/test_type_fidelity.py tests/routing/test_columns.py tests/routing/test_filters.py \
 	tests/imports/test_consistency.py::test_concurrent_writes_during_the_import_converge \
-	tests/sinks/test_file.py $(KAFKA_COMPAT) \
+	tests/sinks/file/test_file.py $(KAFKA_COMPAT) \
 	tests/test_versions.py tests/publication/test_hand_made.py \
 	tests/observability/test_slot_health.py tests/test_managed_role.py \
 	$(if $(filter 14,$(PG_VERSION)),,$(COMPAT_15))
@@ -77,8 +77,8 @@ test: setup
 	# file sink suites run again on the Python references. test_avro_native and
 	# test_rows_native compare the C code with the Python path: they have run above.
 	PG2SINK_IMPL=python $(VENV)/bin/pytest -q tests/changelog tests/logical tests/golden \
-		tests/sinks/test_kafka.py tests/sinks/test_kafka_topics.py tests/sinks/test_file.py \
-		tests/sinks/test_file_outputs.py --ignore=tests/changelog/test_avro_native.py \
+		tests/sinks/kafka/test_kafka.py tests/sinks/kafka/test_kafka_topics.py tests/sinks/file/test_file.py \
+		tests/sinks/file/test_file_outputs.py --ignore=tests/changelog/test_avro_native.py \
 		--ignore=tests/changelog/test_rows_native.py
 	@failed=""; for v in $(COMPAT_VERSIONS); do \
 		$(MAKE) --no-print-directory test-compat PG_VERSION=$$v || failed="$$failed $$v"; \

@@ -42,7 +42,7 @@ SAMPLES: dict[str, list[str]] = {
     "kinesis_create_stream": ["2"],
     "format": ["debezium"],  # the one --debezium-schemas goes with
     "nats_duplicate_window": ["10m"],
-    "nats_config": [str(Path(__file__).parent / "sinks" / "nats-context.json")],
+    "nats_config": [str(Path(__file__).parent / "sinks" / "nats" / "nats-context.json")],
     "wal_retain": ["1h"],
     "bigquery_load_interval": ["2m"],
     "only": ["public.a=insert", "b=update,delete"],

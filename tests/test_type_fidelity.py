@@ -45,7 +45,7 @@ from tests.conftest import (
     read_jsonl,
     wait_for,
 )
-from tests.sinks.test_kafka import Reader, kafka_args
+from tests.sinks.kafka.test_kafka import Reader, kafka_args
 from tests.support import FAST
 
 # (case id, column type, values as SQL expressions). Each case gets a column c_<id> of

@@ -20,7 +20,7 @@ from pg2sink.formats.debezium import DebeziumEncoder
 from pg2sink.formats.debezium_avro import avro_schema, avro_value
 from tests.conftest import Database, KafkaStack
 from tests.formats.sample import CHANGES, SCHEMA
-from tests.sinks.test_kafka import Reader, reader, registry_get, start  # noqa: F401
+from tests.sinks.kafka.test_kafka import Reader, reader, registry_get, start  # noqa: F401
 from tests.support import Proc
 
 TABLE = DebeziumEncoder(Origin("db1", "app", "app")).table(SCHEMA)

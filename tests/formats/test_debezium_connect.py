@@ -32,8 +32,8 @@ from pg2sink.formats.config import Formatting
 from pg2sink.sinks.kafka.config import KafkaConfig
 from pg2sink.sinks.kafka.imports import KafkaImportTarget
 from tests.conftest import Database, KafkaStack, fresh_database
-from tests.sinks.test_kafka import start
-from tests.sinks.test_null import import_table
+from tests.sinks.kafka.test_kafka import start
+from tests.sinks.null.test_null import import_table
 from tests.support import Proc
 
 TYPES = """

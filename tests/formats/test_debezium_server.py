@@ -25,7 +25,7 @@ from debezium import DebeziumServer
 from psycopg import sql
 
 from tests.conftest import Database, KafkaStack, wait_for
-from tests.sinks.test_kafka import (  # noqa: F401 (reader: a fixture)
+from tests.sinks.kafka.test_kafka import (  # noqa: F401 (reader: a fixture)
     Reader,
     reader,
     registry_get,

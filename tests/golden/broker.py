@@ -20,7 +20,7 @@ import confluent_kafka as ck
 
 from tests.conftest import KafkaStack
 from tests.golden.files import KafkaMessage
-from tests.sinks.test_kafka import registry_get
+from tests.sinks.kafka.test_kafka import registry_get
 
 #: how long the broker may take to answer a metadata or watermark request, in seconds
 ANSWER_WAIT = 30.0

@@ -24,7 +24,7 @@ from tests.golden.broker import read_topics
 from tests.golden.files import DATA, KafkaMessage, parse_kafka_lines, schemas_by_id
 from tests.golden.normalize import json_lines, kafka_messages
 from tests.golden.pipeline import STREAMED, TOPIC_PREFIX
-from tests.sinks.test_kafka import kafka_args, registry_get
+from tests.sinks.kafka.test_kafka import kafka_args, registry_get
 from tests.support import FAST
 
 #: how long the workload's records may take to arrive, in seconds

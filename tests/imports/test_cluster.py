@@ -28,7 +28,7 @@ from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for
 from tests.imports import test_consistency as consistency
 from tests.imports.support import read_changelog, replay, start_with_imports, wait_imported
 from tests.imports.test_spark import check_rows, expected_rows, fill_table, read_import
-from tests.sinks.test_kafka import Reader
+from tests.sinks.kafka.test_kafka import Reader
 
 pytestmark = pytest.mark.slow
 

@@ -41,7 +41,7 @@ from tests.changelog.test_avro_native import (
     _start,
 )
 from tests.conftest import Database
-from tests.sinks.test_file_arrow_lines import batches_of
+from tests.sinks.file.test_file_arrow_lines import batches_of
 
 pytestmark = pytest.mark.skipif(
     _cmodule.IMPL != "c", reason="PG2SINK_IMPL=python: the C encoder is not loaded"

@@ -17,7 +17,7 @@ from pg2sink.sinks.kafka.config import KafkaConfig
 from pg2sink.sinks.kafka.imports import KafkaImportTarget
 from tests.conftest import Database, KafkaStack
 from tests.imports.test_spark import INTERNAL, expected_rows, fill_table, prepare_job
-from tests.sinks.test_kafka import Reader
+from tests.sinks.kafka.test_kafka import Reader
 
 pytestmark = pytest.mark.slow
 

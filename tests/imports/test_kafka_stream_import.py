@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import Database, KafkaStack, Pg2Sink
 from tests.imports.support import start_with_imports, wait_confirmed, wait_imported
-from tests.sinks.test_kafka import Reader
+from tests.sinks.kafka.test_kafka import Reader
 
 pytestmark = pytest.mark.slow
 

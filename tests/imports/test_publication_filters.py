@@ -30,7 +30,7 @@ from tests.imports.support import (
     wait_confirmed,
     wait_imported,
 )
-from tests.sinks.test_kafka import Reader, registry_get
+from tests.sinks.kafka.test_kafka import Reader, registry_get
 
 # column lists and row filters are PostgreSQL 15+
 pytestmark = [pytest.mark.slow, pytest.mark.pg_since(15)]

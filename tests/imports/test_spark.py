@@ -477,7 +477,7 @@ def test_text_that_is_not_utf8_fails_the_partition() -> None:
     from pg2sink.changelog.batches import ImportTable
     from pg2sink.errors import SourceError
     from pg2sink.imports.writers import _as_text
-    from tests.sinks.test_file_arrow_lines import job_for
+    from tests.sinks.file.test_file_arrow_lines import job_for
 
     text = PgType(oid=25, name="text", namespace="pg_catalog", kind="b", category="S")
     table: ImportTable = job_for(["id", "name"], (text, text), (-1, -1))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Database, KafkaStack, wait_for
-from tests.sinks.test_kafka import start as start_kafka
-from tests.sinks.test_kafka_health import api_url
+from tests.sinks.kafka.test_kafka import start as start_kafka
+from tests.sinks.kafka.test_kafka_health import api_url
 from tests.support import Proc
 from tests.support import start as start_file
 

@@ -31,8 +31,8 @@ from tests.conftest import (
     run_cli,
     wait_for,
 )
-from tests.sinks.test_duckdb import duck_rows, pg_rows
-from tests.sinks.test_kafka import kafka_args
+from tests.sinks.duckdb.test_duckdb import duck_rows, pg_rows
+from tests.sinks.kafka.test_kafka import kafka_args
 from tests.sinks.warehouse_support import duck_query
 
 pytestmark = pytest.mark.slow

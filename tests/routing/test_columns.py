@@ -20,8 +20,8 @@ import pytest
 from pg2sink.routing.masking import Mask
 from tests.conftest import Database, KafkaStack, Pg2Sink, read_jsonl, run_cli, wait_for
 from tests.imports.support import start_with_imports, wait_confirmed, wait_imported
-from tests.sinks.test_kafka import Reader, reader, registry_get
-from tests.sinks.test_kafka import start as kafka_start
+from tests.sinks.kafka.test_kafka import Reader, reader, registry_get
+from tests.sinks.kafka.test_kafka import start as kafka_start
 from tests.support import Proc, modifications, start
 
 __all__ = ["reader"]  # the fixture, imported for these tests

@@ -21,9 +21,9 @@ from botocore.exceptions import ClientError
 
 from tests.conftest import Database, KafkaStack, Pg2Sink, run_cli
 from tests.imports.support import wait_confirmed
-from tests.sinks.test_kafka import Reader, kafka_args, reader, start
-from tests.sinks.test_kinesis import AWS_ENV, create_stream, kinesis_args, read_stream
-from tests.sinks.test_nats import _delete_stream, stored
+from tests.sinks.kafka.test_kafka import Reader, kafka_args, reader, start
+from tests.sinks.kinesis.test_kinesis import AWS_ENV, create_stream, kinesis_args, read_stream
+from tests.sinks.nats.test_nats import _delete_stream, stored
 from tests.support import FAST
 from tests.test_services import kinesis_client
 

@@ -14,7 +14,7 @@ import pytest
 from pg2sink.changelog.records import Record
 from pg2sink.sinks.warehouse.commits import BackgroundCommits
 from tests.conftest import wait_for
-from tests.sinks.test_nats import change, table_schema
+from tests.sinks.nats.test_nats import change, table_schema
 
 INTERVAL = 1.0
 

@@ -46,7 +46,7 @@ from tests.sinks.convergence_support import (
     replay,
     table_rows,
 )
-from tests.sinks.kafka_support import create_topic, read_committed
+from tests.sinks.kafka.kafka_support import create_topic, read_committed
 from tests.sinks.warehouse_support import PROJECT, UNSPACED, bq_rows, duck_query
 from tests.support import FAST, Proc
 

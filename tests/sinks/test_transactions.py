@@ -13,8 +13,8 @@ import pytest
 
 from pg2sink.sinks.txmeta import TransactionTracker
 from tests.conftest import Database, KafkaStack, read_jsonl, wait_for
-from tests.sinks.kafka_support import create_topic, read_committed
-from tests.sinks.test_kafka import kafka_args
+from tests.sinks.kafka.kafka_support import create_topic, read_committed
+from tests.sinks.kafka.test_kafka import kafka_args
 from tests.support import Proc, start
 
 T = datetime(2026, 11, 24, 5, 0, 0, 250000, tzinfo=UTC)

@@ -15,7 +15,7 @@ writer stops once the import is done and it wrote AT_LEAST transactions (so it r
 through the whole import, and the fixed points were all reached). An import that read a
 column the writer dropped meanwhile fails and is retried.
 
-The comparison is tests/sinks/test_duckdb_zoo.py's: each view value is rendered as
+The comparison is tests/sinks/duckdb/test_duckdb_zoo.py's: each view value is rendered as
 PostgreSQL input, cast to the column's type and compared with the table's `::text`;
 where the view reads NULL for a value the warehouse's type cannot hold, the
 `_pg2sink_text` of the raw row the view took is compared instead. BigQuery has no NULL
@@ -43,8 +43,8 @@ from psycopg import sql
 
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.support import IMPORTS_ON, jobs_state
-from tests.sinks.test_duckdb import BIG, caught_up
-from tests.sinks.test_duckdb_types import _value
+from tests.sinks.duckdb.test_duckdb import BIG, caught_up
+from tests.sinks.duckdb.test_duckdb_types import _value
 from tests.sinks.warehouse_support import PROJECT, UNSPACED
 from tests.support import FAST, Proc
 from tests.test_type_fidelity import (

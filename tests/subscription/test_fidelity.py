@@ -22,8 +22,8 @@ from psycopg.rows import TupleRow
 from pg2sink.changelog.records import Operation, Schema, Truncation
 from pg2sink.formats.kafka import JsonFormat
 from tests.conftest import Database, KafkaStack, read_jsonl, wait_for
-from tests.sinks.test_kafka import Reader, registry_get
-from tests.sinks.test_kafka import start as start_kafka
+from tests.sinks.kafka.test_kafka import Reader, registry_get
+from tests.sinks.kafka.test_kafka import start as start_kafka
 from tests.support import FAST, Proc, scalar, start
 
 TOAST = {"unchanged_toast": True}

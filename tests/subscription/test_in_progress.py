@@ -287,7 +287,7 @@ def test_streamed_transactions_through_the_kafka_sink(
     topic_prefix: str,
     tmp_path: Path,
 ) -> None:
-    from tests.sinks.test_kafka import Reader, kafka_args
+    from tests.sinks.kafka.test_kafka import Reader, kafka_args
 
     spill = tmp_path / "spill"
     p = pg2sink_proc(

@@ -24,7 +24,7 @@ infinity, BC or year 10000, time 24:00:00, offset other than +00...); a column w
 any other value goes, for that batch, through the reference path (the stream's decoder
 and `arrow_batch`), which also keeps such values' text in `_pg2sink_text` and raises the
 DecodeError of malformed text. The tables are equal to the reference path's, column for
-column (tests/sinks/test_duckdb_import_columns.py, on PostgreSQL's text for every type
+column (tests/sinks/duckdb/test_duckdb_import_columns.py, on PostgreSQL's text for every type
 family).
 """
 

@@ -6,7 +6,7 @@ The builder reads it from the catalog when it emits the Schema record (Schema.mi
 the layout keeps it per column (layout.Column.missing, .since) and the view reads it for
 the raw rows written before the column was added, as `CAST('text' AS type)`: DuckDB's
 own text of the value, whose VARCHAR cast gives the same value back for every type the
-sink uses (tests/sinks/test_duckdb_zoo.py adds a column of each with a DEFAULT).
+sink uses (tests/sinks/duckdb/test_duckdb_zoo.py adds a column of each with a DEFAULT).
 """
 
 from __future__ import annotations

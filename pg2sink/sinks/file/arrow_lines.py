@@ -32,7 +32,7 @@ into a Python object and lets orjson write a line per row: Python work per value
    `import_envelope`), the sequence numbers, the keys and the fragments, and a newline:
    the batch's lines, one buffer written with one os.write.
 
-The lines are byte for byte the stream's (tests/sinks/test_file_arrow_lines.py compares
+The lines are byte for byte the stream's (tests/sinks/file/test_file_arrow_lines.py compares
 both on PostgreSQL's text for every type family). Text is escaped by orjson itself,
 over a whole column in one call: the list's JSON is cut into the values' JSON at each
 '","' (see `_orjson_text`), so no escaping rule is written twice.

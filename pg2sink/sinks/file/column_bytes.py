@@ -17,7 +17,7 @@ column's data buffer instead of a kernel per step or a Python object per value:
   9999) gives None and takes the kernels' path.
 
 Both return arrays whose rows are exactly those of the kernels' path (the tests compare
-the lines with the reference path's, tests/sinks/test_file_arrow_lines.py).
+the lines with the reference path's, tests/sinks/file/test_file_arrow_lines.py).
 """
 
 from __future__ import annotations

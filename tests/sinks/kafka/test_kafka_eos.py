@@ -34,8 +34,8 @@ from pg2sink.sinks.kafka.make import kafka_sink
 from pg2sink.sinks.kafka.transactional import ExactlyOnceKafkaSink
 from tests.conftest import REPO, Database, KafkaStack, Pg2Sink, pg2sink_for, wait_for
 from tests.routing.test_docs import _BLOCK
-from tests.sinks.kafka_support import Committed, create_topic, read_committed
-from tests.sinks.test_kafka import (
+from tests.sinks.kafka.kafka_support import Committed, create_topic, read_committed
+from tests.sinks.kafka.test_kafka import (
     insert,
     kafka_args,
     own_kafka,  # noqa: F401 (a fixture)

@@ -4,7 +4,7 @@ One pg2sink run (--sink bigquery, against the `bigquery_endpoint` server) over t
 fidelity table: each value read back from the raw table with google-cloud-bigquery (its
 typed column, or PostgreSQL's text in `_pg2sink_text` where the BigQuery type cannot hold
 it) is rendered to PostgreSQL input text with the fidelity test's renderer and compared
-with the database's own `::text`, as tests/sinks/test_duckdb_types.py does for DuckDB.
+with the database's own `::text`, as tests/sinks/duckdb/test_duckdb_types.py does for DuckDB.
 BigQuery has no NULL array: such an array reads as [] (docs/sinks/bigquery.md), and is
 compared as PostgreSQL's empty array.
 """
@@ -25,8 +25,8 @@ from psycopg import sql
 from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.warehouse import client
 from tests.conftest import fresh_database, pg2sink_for
-from tests.sinks.test_duckdb import caught_up
-from tests.sinks.test_duckdb_types import _value
+from tests.sinks.duckdb.test_duckdb import caught_up
+from tests.sinks.duckdb.test_duckdb_types import _value
 from tests.sinks.warehouse_support import UNSPACED
 from tests.support import FAST
 from tests.test_type_fidelity import (

@@ -30,10 +30,10 @@ from pg2sink.sinks.bigquery.config import BigQueryConfig
 from pg2sink.sinks.bigquery.sink import BigQuerySink
 from pg2sink.sinks.bigquery.warehouse import Warehouse
 from tests.conftest import Database, Pg2Sink, wait_for
-from tests.sinks.test_bigquery import pg_rows
-from tests.sinks.test_duckdb import caught_up
-from tests.sinks.test_kafka_health import api_url, status, status_without_slot
-from tests.sinks.test_nats import change, table_schema
+from tests.sinks.bigquery.test_bigquery import pg_rows
+from tests.sinks.duckdb.test_duckdb import caught_up
+from tests.sinks.kafka.test_kafka_health import api_url, status, status_without_slot
+from tests.sinks.nats.test_nats import change, table_schema
 from tests.sinks.warehouse_support import PROJECT, UNSPACED, bq_rows
 from tests.support import FAST, Proc, own_server
 

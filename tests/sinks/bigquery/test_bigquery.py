@@ -30,7 +30,7 @@ from pg2sink.sinks.bigquery.rows import state_rows
 from pg2sink.sinks.bigquery.warehouse import STATE_TABLE, Warehouse, client
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.support import wait_imported
-from tests.sinks.test_duckdb import BIG, caught_up, create_workload_tables, run_workload
+from tests.sinks.duckdb.test_duckdb import BIG, caught_up, create_workload_tables, run_workload
 from tests.sinks.warehouse_support import PROJECT, UNSPACED, bq_rows, config, normal
 from tests.support import FAST, Proc
 

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from tests.conftest import Database
-from tests.sinks.test_duckdb import caught_up, duck_rows, pg_rows, start
+from tests.sinks.duckdb.test_duckdb import caught_up, duck_rows, pg_rows, start
 from tests.sinks.warehouse_support import duck_query
 from tests.support import Proc
 

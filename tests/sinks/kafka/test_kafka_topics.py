@@ -16,9 +16,9 @@ import pytest
 from pg2sink.errors import ConfigError, SinkError
 from pg2sink.sinks.kafka.topics import TopicRouter, escape_identifier, topic_name
 from tests.conftest import Database, KafkaStack
-from tests.sinks import test_kafka
-from tests.sinks.kafka_support import create_topic
-from tests.sinks.test_kafka import Reader, registry_get, start
+from tests.sinks.kafka import test_kafka
+from tests.sinks.kafka.kafka_support import create_topic
+from tests.sinks.kafka.test_kafka import Reader, registry_get, start
 from tests.support import Proc
 
 reader = test_kafka.reader  # the fixture

@@ -20,8 +20,8 @@ from pg2sink.changelog.records import Modification, Operation
 from pg2sink.sinks.duckdb import sink as sink_module
 from pg2sink.sinks.duckdb.sink import RECORD_BYTES, DuckDBSink
 from tests.conftest import Database
-from tests.sinks.test_duckdb import caught_up, duck_rows, pg_rows, start
-from tests.sinks.test_duckdb_layout import INT, NOW, TEXT, insert, opened, query, schema
+from tests.sinks.duckdb.test_duckdb import caught_up, duck_rows, pg_rows, start
+from tests.sinks.duckdb.test_duckdb_layout import INT, NOW, TEXT, insert, opened, query, schema
 from tests.sinks.warehouse_support import duck_query
 from tests.support import Proc
 

@@ -21,9 +21,9 @@ import services
 from pg2sink.observability.stats import StreamStats
 from pg2sink.sinks.kafka.health import PROBE_INTERVAL, BrokerHealth
 from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for
-from tests.sinks import test_kafka
-from tests.sinks.kafka_support import create_topic
-from tests.sinks.test_kafka import Reader, start
+from tests.sinks.kafka import test_kafka
+from tests.sinks.kafka.kafka_support import create_topic
+from tests.sinks.kafka.test_kafka import Reader, start
 from tests.support import Proc
 
 reader = test_kafka.reader  # the fixtures

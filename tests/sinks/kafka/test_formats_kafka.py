@@ -15,8 +15,8 @@ from pg2sink.formats.config import Formatting
 from pg2sink.sinks.kafka.config import KafkaConfig
 from pg2sink.sinks.kafka.imports import KafkaImportTarget
 from tests.conftest import Database, KafkaStack, wait_for
-from tests.sinks.test_kafka import Reader, reader, start  # noqa: F401 (reader: a fixture)
-from tests.sinks.test_null import import_table
+from tests.sinks.kafka.test_kafka import Reader, reader, start  # noqa: F401 (reader: a fixture)
+from tests.sinks.null.test_null import import_table
 from tests.support import Proc
 
 

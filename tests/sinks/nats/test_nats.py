@@ -55,7 +55,7 @@ from pg2sink.sinks.nats.subjects import escape, table_subject
 from pg2sink.sinks.nats.wire import AckClient, ack_error, msg_id_header
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
 from tests.imports.test_spark import INTERNAL, check_rows, expected_rows, fill_table, prepare_job
-from tests.sinks.test_kafka_health import api_url, status, status_without_slot
+from tests.sinks.kafka.test_kafka_health import api_url, status, status_without_slot
 from tests.support import FAST, Proc, own_server
 
 T = datetime(2026, 11, 24, 4, 20, 0, 123456, tzinfo=UTC)

@@ -52,8 +52,8 @@ from pg2sink.sinks.kinesis.payload import MESSAGES_KEY, Payload
 from pg2sink.sinks.kinesis.sender import Sender
 from pg2sink.sinks.kinesis.sink import KinesisSink
 from tests.conftest import Database, Pg2Sink, run_cli, wait_for
-from tests.sinks.test_kafka_health import api_url, status, status_without_slot
-from tests.sinks.test_null import import_table
+from tests.sinks.kafka.test_kafka_health import api_url, status, status_without_slot
+from tests.sinks.null.test_null import import_table
 from tests.support import FAST, Proc, own_server
 from tests.test_services import kinesis_client
 

@@ -20,7 +20,7 @@ import pytest
 import services
 
 from tests.conftest import Database, fresh_database, pg2sink_for
-from tests.sinks.test_duckdb import caught_up
+from tests.sinks.duckdb.test_duckdb import caught_up
 from tests.support import FAST
 from tests.test_type_fidelity import (
     CASES,

@@ -20,7 +20,7 @@ from pg2sink.errors import SinkError
 from pg2sink.sinks.nats.config import NatsConfig
 from pg2sink.sinks.nats.context import NatsContext
 from tests.conftest import run_cli
-from tests.sinks.test_nats import NO_SERVER, change, opened, table_schema
+from tests.sinks.nats.test_nats import NO_SERVER, change, opened, table_schema
 
 PASSWORD = "Hunter7xyz"
 

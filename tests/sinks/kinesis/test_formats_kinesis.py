@@ -12,8 +12,8 @@ import pytest
 from pg2sink.sinks.kinesis.config import KinesisConfig
 from pg2sink.sinks.kinesis.imports import KinesisImportTarget
 from tests.conftest import Database, wait_for
-from tests.sinks.test_kinesis import aws_env, create_stream, read_stream, start  # noqa: F401
-from tests.sinks.test_null import import_table
+from tests.sinks.kinesis.test_kinesis import aws_env, create_stream, read_stream, start  # noqa: F401
+from tests.sinks.null.test_null import import_table
 from tests.support import Proc
 from tests.test_services import kinesis_client
 

@@ -1,7 +1,7 @@
 """The DuckDB import's staged rows built by Arrow kernels against the reference path.
 
 The values are PostgreSQL's own text of every type family (the table and the reads of
-tests/sinks/test_file_arrow_lines.py: the Spark runner's query in a session with the
+tests/sinks/file/test_file_arrow_lines.py: the Spark runner's query in a session with the
 stream's settings): a partition is staged once by `StagedColumns` (import_columns.py)
 and once through the stream's decoders and `arrow_batch`; the Parquet files must hold
 the same table, column for column, metadata included.
@@ -24,7 +24,7 @@ from pg2sink.sinks.duckdb.import_columns import StagedColumns
 from pg2sink.sinks.duckdb.imports import _stage, staged_files, staging_dir
 from pg2sink.sinks.warehouse.staging import staging_layout
 from tests.conftest import Database
-from tests.sinks.test_file_arrow_lines import (
+from tests.sinks.file.test_file_arrow_lines import (
     PLAIN_ROWS,
     batches_of,
     create_table,

@@ -18,7 +18,7 @@ import pytest
 from pg2sink.sinks.file import imports
 from pg2sink.sinks.file.imports import CacheRelease, FileImportWriter
 from tests.conftest import Database
-from tests.sinks.test_file_arrow_lines import batches_of, create_table, read_as_text
+from tests.sinks.file.test_file_arrow_lines import batches_of, create_table, read_as_text
 
 CHUNK = 256 << 10
 

@@ -49,7 +49,7 @@ from pg2sink.sinks.kafka.topics import TopicRouter, topic_name
 from pg2sink.subscription.handlers import ChangelogHandler
 from tests.conftest import Database, KafkaStack, Pg2Sink, wait_for
 from tests.conftest import run_cli as conftest_run_cli
-from tests.sinks.kafka_support import as_bytes, create_topic, message_headers
+from tests.sinks.kafka.kafka_support import as_bytes, create_topic, message_headers
 from tests.support import FAST, Proc
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"

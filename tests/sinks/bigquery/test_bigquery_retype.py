@@ -18,8 +18,8 @@ import pytest
 from pg2sink.sinks.bigquery.schema import Field, alter_sql, retyped, widens
 from pg2sink.sinks.bigquery.warehouse import client
 from tests.conftest import Database
-from tests.sinks.test_bigquery import start
-from tests.sinks.test_duckdb import caught_up
+from tests.sinks.bigquery.test_bigquery import start
+from tests.sinks.duckdb.test_duckdb import caught_up
 from tests.sinks.warehouse_support import PROJECT, bq_rows, config
 from tests.support import Proc
 

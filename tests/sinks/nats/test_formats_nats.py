@@ -15,8 +15,8 @@ from pg2sink.formats.config import Formatting
 from pg2sink.sinks.nats.config import NatsConfig
 from pg2sink.sinks.nats.imports import NatsImportTarget
 from tests.conftest import Database, wait_for
-from tests.sinks.test_nats import _delete_stream, start, stored
-from tests.sinks.test_null import import_table
+from tests.sinks.nats.test_nats import _delete_stream, start, stored
+from tests.sinks.null.test_null import import_table
 from tests.support import Proc
 
 

@@ -25,8 +25,8 @@ import pytest
 from psycopg import sql
 
 from tests.conftest import Database
-from tests.sinks.test_duckdb import caught_up, start
-from tests.sinks.test_duckdb_types import _value
+from tests.sinks.duckdb.test_duckdb import caught_up, start
+from tests.sinks.duckdb.test_duckdb_types import _value
 from tests.support import Proc
 from tests.test_type_fidelity import (
     CASES,

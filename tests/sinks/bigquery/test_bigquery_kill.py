@@ -18,8 +18,8 @@ from google.api_core.exceptions import NotFound
 
 from tests.conftest import Database, Pg2Sink, wait_for
 from tests.imports.support import IMPORTS_ON, wait_imported
-from tests.sinks.test_bigquery import pg_rows
-from tests.sinks.test_duckdb import Writer, caught_up
+from tests.sinks.bigquery.test_bigquery import pg_rows
+from tests.sinks.duckdb.test_duckdb import Writer, caught_up
 from tests.sinks.warehouse_support import PROJECT, UNSPACED, bq_rows
 from tests.support import FAST, Proc
 

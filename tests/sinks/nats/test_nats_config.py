@@ -14,7 +14,7 @@ from typing import Any
 from pg2sink.sinks.nats.config import DEFAULT_URL, NatsConfig
 from pg2sink.sinks.nats.context import NatsContext
 from tests.conftest import Database, run_cli, wait_for
-from tests.sinks.test_nats import (
+from tests.sinks.nats.test_nats import (
     NO_SERVER,
     PASSWORD,
     PasswordNats,
