@@ -10,7 +10,7 @@ CGK    ?= bench/out/frames
 # the PostgreSQL major `make services` and `make test-compat` run (14 to 18)
 PG_VERSION ?= 15
 
-.PHONY: setup system venv jdbc check test test-compat demo services services-stop bench-stream bench-latency bench-import bench-bigtx bench-tables bench-kafka-cpu bench-peers dashboards clean
+.PHONY: setup system venv jdbc check test test-fast test-compat demo services services-stop bench-stream bench-latency bench-import bench-bigtx bench-tables bench-kafka-cpu bench-peers dashboards clean
 
 setup: system venv jdbc
 
@@ -66,20 +66,31 @@ COMPAT_TESTS := tests/subscription/test_stream.py tests/subscription/test_fideli
 	tests/observability/test_slot_health.py tests/test_managed_role.py \
 	$(if $(filter 14,$(PG_VERSION)),,$(COMPAT_15))
 
-# the whole suite on the C encoder, then the suites whose output it touches on the Python
-# reference path (changelog/_cmodule.py; docs/testing.md), then the compatibility suite
-# on every other major (each runs even when one before it failed; the target fails then)
+# Two pytest processes for the long sessions, each running whole files (a module's
+# fixtures and servers stay in one process): the tests wait on servers and on pg2sink
+# more than they compute (docs/testing.md, "How long CI takes"). XDIST= runs one.
+XDIST := -n 2 --dist loadfile
+
+# The edit loop's tier: PostgreSQL only, no Spark, no other server, each test quick
+# (tests/conftest.py marks them `fast`; docs/testing.md, "The fast tier")
+test-fast: venv
+	$(VENV)/bin/pytest -q $(XDIST) -m fast
+
+# The Python-reference pass: PG2SINK_IMPL chooses the Avro encoder and the new-row reader,
+# C or their Python references (changelog/_cmodule.py). Every sink's suite runs again on
+# the references, its tests that PG2SINK_IMPL reaches (`impl`: they read changes from
+# PostgreSQL, or encode Avro; tests/conftest.py), with the changelog, the readers and the
+# golden files. test_avro_native and test_rows_native compare the C code with the Python
+# path: they run in the first pass.
+PYTHON_REFERENCE := tests/changelog tests/logical tests/golden tests/sinks \
+	--ignore=tests/changelog/test_avro_native.py --ignore=tests/changelog/test_rows_native.py
+
+# the whole suite on the C encoder, then the Python-reference pass, then the compatibility
+# suite on every other major (each runs even when one before it failed; the target fails
+# then)
 test: setup
-	PG2SINK_IMPL=c $(VENV)/bin/pytest -q
-	# PG2SINK_IMPL chooses the Avro encoder, which only the Kafka sink's Avro path uses
-	# (formats/kafka.py), and the new-row reader (logical/fastpath.py), C or their
-	# Python references: the changelog, the readers, the golden files and the Kafka and
-	# file sink suites run again on the Python references. test_avro_native and
-	# test_rows_native compare the C code with the Python path: they have run above.
-	PG2SINK_IMPL=python $(VENV)/bin/pytest -q tests/changelog tests/logical tests/golden \
-		tests/sinks/kafka/test_kafka.py tests/sinks/kafka/test_kafka_topics.py tests/sinks/file/test_file.py \
-		tests/sinks/file/test_file_outputs.py --ignore=tests/changelog/test_avro_native.py \
-		--ignore=tests/changelog/test_rows_native.py
+	PG2SINK_IMPL=c $(VENV)/bin/pytest -q $(XDIST)
+	PG2SINK_IMPL=python $(VENV)/bin/pytest -q $(XDIST) -m impl $(PYTHON_REFERENCE)
 	@failed=""; for v in $(COMPAT_VERSIONS); do \
 		$(MAKE) --no-print-directory test-compat PG_VERSION=$$v || failed="$$failed $$v"; \
 	done; \
@@ -88,7 +99,7 @@ test: setup
 # the compatibility suite on one major: make test-compat PG_VERSION=17
 test-compat: setup
 	@echo "== compatibility suite on PostgreSQL $(PG_VERSION)"
-	PG2SINK_IMPL=c PG2SINK_TEST_PG_VERSION=$(PG_VERSION) $(VENV)/bin/pytest -q $(COMPAT_TESTS)
+	PG2SINK_IMPL=c PG2SINK_TEST_PG_VERSION=$(PG_VERSION) $(VENV)/bin/pytest -q $(XDIST) $(COMPAT_TESTS)
 
 demo: setup
 	@bash scripts/demo.sh

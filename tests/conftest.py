@@ -124,9 +124,92 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
 PG_VERSION = services.postgres_version(os.environ.get("PG2SINK_TEST_PG_VERSION"))
 
 
+#: Fixtures of servers other than PostgreSQL, the session's or a test's own (a broker,
+#: nats-server, kinesalite, local-bigquery, a Spark cluster, Kafka Connect, Prometheus, a
+#: primary and its standby) or of a wheel built into a virtualenv with Spark: a test that
+#: takes one, directly or through another fixture, is not in `make test-fast`.
+SERVER_FIXTURES = frozenset(
+    {
+        "kafka_stack",
+        "nats_url",
+        "kinesis_endpoint",
+        "bigquery_endpoint",
+        "spark_cluster",
+        "own_kafka",
+        "own_nats",
+        "own_kinesalite",
+        "own_bigquery",
+        "own_cluster",
+        "password_nats",
+        "tls_nats",
+        "debezium_server",
+        "worker",
+        "prometheus",
+        "pair",
+        "image_wheel",
+    }
+)
+
+#: Tests left out of `make test-fast` although they take none of those fixtures and are
+#: not marked `slow` (a folder, a module, or one test with its parameters): they start
+#: Spark (an import with PG2SINK_NO_IMPORTS=0, pyspark, a JVM recording a class archive)
+#: or servers of their own in the test's body (PostgreSQL pairs, every service).
+FULL_ONLY = frozenset(
+    {
+        "tests/ha",
+        "tests/test_services.py",
+        "tests/imports/test_class_archive.py",
+        "tests/imports/test_spark_daemon.py",
+        "tests/imports/test_jobs.py::test_a_failing_job_records_its_error_and_backs_off",
+        "tests/test_managed_role.py",
+        "tests/test_versions.py::test_a_replica_identity_full_table_is_imported_then_streamed",
+    }
+)
+
+
+def _fast(item: pytest.Item) -> bool:
+    """Whether the test is in `make test-fast`: PostgreSQL only, no Spark, quick (not
+    marked `slow`)."""
+    if item.get_closest_marker("slow") is not None:
+        return False
+    if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return False
+    node = item.nodeid
+    return not any(
+        node == prefix or node.startswith((f"{prefix}/", f"{prefix}::", f"{prefix}["))
+        for prefix in FULL_ONLY
+    )
+
+
+#: PG2SINK_IMPL chooses the Avro encoder and the new-row reader (changelog/_cmodule.py).
+#: Every test of these folders reaches the choice: the encoders and readers themselves,
+#: the golden bytes, and the Kafka sink, whose Avro path encodes in process too.
+IMPL_FOLDERS = ("tests/changelog/", "tests/logical/", "tests/golden/", "tests/sinks/kafka/")
+
+#: Elsewhere, a test reaches it when it reads changes from PostgreSQL (a pg2sink process
+#: or a pipeline in process): its rows go through the reader. A sink driven with records
+#: built in the test (NATS, Kinesis, DuckDB, BigQuery, file, null) never calls either.
+POSTGRES_FIXTURES = frozenset({"db", "pg_server", "pg_conn"})
+
+
+def _reaches_impl(item: pytest.Item) -> bool:
+    """Whether PG2SINK_IMPL can change what the test sees (`-m impl`, the Python-reference
+    pass of `make test`)."""
+    return item.nodeid.startswith(IMPL_FOLDERS) or bool(
+        POSTGRES_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the tests of a server feature the session's major lacks (`pg_since(N)`,
+    """Mark the tests of the fast tier `fast` (`make test-fast` runs `-m fast`) and those
+    PG2SINK_IMPL reaches `impl` (the Python-reference pass runs `-m impl`), and
+    deselect the tests of a server feature the session's major lacks (`pg_since(N)`,
     e.g. column lists on 14): they cannot run there, and are not reported as skipped."""
+    for item in items:
+        if _fast(item):
+            item.add_marker(pytest.mark.fast)
+        if _reaches_impl(item):
+            item.add_marker(pytest.mark.impl)
     lacking = [
         item
         for item in items
