@@ -72,9 +72,10 @@ COMPAT_TESTS := tests/subscription/test_stream.py tests/subscription/test_fideli
 XDIST := -n 2 --dist loadfile
 
 # The edit loop's tier: PostgreSQL only, no Spark, no other server, each test quick
-# (tests/conftest.py marks them `fast`; docs/testing.md, "The fast tier")
+# (tests/conftest.py marks them `fast`; docs/testing.md, "The fast tier"); ARGS=... adds
+# pytest arguments (a folder, -x, --durations=20)
 test-fast: venv
-	$(VENV)/bin/pytest -q $(XDIST) -m fast
+	$(VENV)/bin/pytest -q $(XDIST) -m fast $(ARGS)
 
 # The Python-reference pass: PG2SINK_IMPL chooses the Avro encoder and the new-row reader,
 # C or their Python references (changelog/_cmodule.py). Every sink's suite runs again on

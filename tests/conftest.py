@@ -153,7 +153,8 @@ SERVER_FIXTURES = frozenset(
 #: Tests left out of `make test-fast` although they take none of those fixtures and are
 #: not marked `slow` (a folder, a module, or one test with its parameters): they start
 #: Spark (an import with PG2SINK_NO_IMPORTS=0, pyspark, a JVM recording a class archive)
-#: or servers of their own in the test's body (PostgreSQL pairs, every service).
+#: or servers of their own in the test's body (PostgreSQL pairs, every service), or took
+#: over a minute of the fast tier's time (`make test-fast ARGS=--durations=20`).
 FULL_ONLY = frozenset(
     {
         "tests/ha",
@@ -163,6 +164,9 @@ FULL_ONLY = frozenset(
         "tests/imports/test_jobs.py::test_a_failing_job_records_its_error_and_backs_off",
         "tests/test_managed_role.py",
         "tests/test_versions.py::test_a_replica_identity_full_table_is_imported_then_streamed",
+        "tests/imports/test_cli_import.py::test_reimport_on_demand_and_list",
+        "tests/sinks/file/test_file_arrow_lines.py::test_every_code_point_is_escaped_as_orjson_does",
+        "tests/sinks/nats/test_nats_config.py::test_bad_files_are_one_line_exit_2_without_their_secrets",
     }
 )
 
