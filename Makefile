@@ -81,8 +81,10 @@ test-fast: venv
 # C or their Python references (changelog/_cmodule.py). Every sink's suite runs again on
 # the references, its tests that PG2SINK_IMPL reaches (`impl`: they read changes from
 # PostgreSQL, or encode Avro; tests/conftest.py), with the changelog, the readers and the
-# golden files. test_avro_native and test_rows_native compare the C code with the Python
-# path: they run in the first pass.
+# golden files, but not their `slow` tests (30 s outages, kill -9 trials, convergence
+# under load with Spark: delivery and recovery, the same whichever encoder wrote the
+# bytes; they run in the first pass). test_avro_native and test_rows_native compare the
+# C code with the Python path: they run in the first pass.
 PYTHON_REFERENCE := tests/changelog tests/logical tests/golden tests/sinks \
 	--ignore=tests/changelog/test_avro_native.py --ignore=tests/changelog/test_rows_native.py
 
@@ -91,7 +93,7 @@ PYTHON_REFERENCE := tests/changelog tests/logical tests/golden tests/sinks \
 # then)
 test: setup
 	PG2SINK_IMPL=c $(VENV)/bin/pytest -q $(XDIST)
-	PG2SINK_IMPL=python $(VENV)/bin/pytest -q $(XDIST) -m impl $(PYTHON_REFERENCE)
+	PG2SINK_IMPL=python $(VENV)/bin/pytest -q $(XDIST) -m "impl and not slow" $(PYTHON_REFERENCE)
 	@failed=""; for v in $(COMPAT_VERSIONS); do \
 		$(MAKE) --no-print-directory test-compat PG_VERSION=$$v || failed="$$failed $$v"; \
 	done; \
