@@ -14,23 +14,27 @@ string or a client setting beyond its key names.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from pg2sink import __version__, commands, configfile, logs, options
 from pg2sink.changelog import _cmodule
 from pg2sink.commands import configs
 from pg2sink.commands import relay as relay_command
 from pg2sink.config import Group, LogConfig, SourceConfig, StreamConfig
-from pg2sink.errors import Pg2SinkError
+from pg2sink.errors import ConfigError, Pg2SinkError
 from pg2sink.formats.config import FormatConfig
 from pg2sink.routing.config import RoutingConfig
 from pg2sink.sinks import entries
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: the PG2SINK_ variables read outside the options: the encoders' choice, where the
 #: services and the Spark class archive are cached
@@ -229,29 +233,80 @@ def _normalise_argv(argv: Sequence[str]) -> list[str]:
     return args
 
 
-def _read_config_file(words: list[str]) -> None:
+def _file_values(
+    values: Mapping[str, configfile.FileValue],
+) -> dict[str, tuple[str | list[str], str]]:
+    return {n: (v.text, v.where) for n, v in values.items()}
+
+
+def _read_config_file(words: list[str]) -> configfile.SettingsFile | None:
     """--config FILE (or `config check FILE`): its values become the options' defaults
-    for the parser built next; its secrets are redacted from then on."""
+    for the parser built next; its secrets are redacted from then on. With --pipeline
+    NAME, the values are that pipeline's (its table over the top level)."""
     path = configfile.config_path(words, os.environ)
     if words[:2] == ["config", "check"] and len(words) > 2:
         path = words[2]
+    chosen = configfile.word_value(words, "--pipeline") or os.environ.get("PG2SINK_PIPELINE")
     if path is None:
-        return
+        if chosen:
+            raise ConfigError(f"--pipeline {chosen} chooses a [pipeline.NAME] of a --config file")
+        return None
     build_parser()  # adds every option: the file's keys
     settings = configfile.load(path, options.file_keys())
     for secret in settings.secrets:
         options.add_secret(secret)
     if settings.password is not None and "PGPASSWORD" not in os.environ:
         os.environ["PGPASSWORD"] = settings.password  # libpq's and the imports' password
-    options.use_file_values({n: (v.text, v.where) for n, v in settings.values.items()})
+    if chosen:
+        if chosen not in settings.pipelines:
+            names = ", ".join(settings.pipelines) or "none"
+            raise ConfigError(f"--pipeline {chosen}: {path} has no [pipeline.{chosen}] ({names})")
+        settings = dataclasses.replace(settings, values=settings.merged(chosen), pipelines={})
+    options.use_file_values(_file_values(settings.values))
+    return settings
+
+
+def _each_pipeline(
+    settings: configfile.SettingsFile,
+    words: list[str],
+    build: Callable[[argparse.Namespace], T],
+    parse: list[str] | None = None,
+) -> dict[str, T]:
+    """`build` of each [pipeline.NAME]'s arguments: `parse` (default: the command line)
+    parsed with the pipeline's values as the file's; ConfigError naming the pipeline."""
+    built: dict[str, T] = {}
+    try:
+        for name in settings.pipelines:
+            options.use_file_values(_file_values(settings.merged(name)))
+            args = build_parser().parse_args(words if parse is None else parse)
+            _switches_from_env(args)
+            try:
+                built[name] = build(args)
+            except ConfigError as e:
+                raise ConfigError(f"pipeline {name}: {e}") from None
+    finally:
+        options.use_file_values(_file_values(settings.values))
+    return built
+
+
+#: the commands that run every pipeline of a file; the others act on one (--pipeline)
+_ALL_PIPELINES = ("stream", "config")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = _normalise_argv(sys.argv[1:] if argv is None else argv)
     try:
-        _read_config_file(words)
+        settings = _read_config_file(words)
         parser = build_parser()
         args = parser.parse_args(words)
+        if settings is not None and settings.pipelines:
+            if args.command not in _ALL_PIPELINES:
+                raise ConfigError(
+                    f"{settings.path} holds pipelines ({', '.join(settings.pipelines)}): "
+                    f"`pg2sink {args.command}` acts on one, choose it with --pipeline NAME"
+                )
+            # commands/stream.py and commands/config.py build each pipeline's settings
+            args.each_pipeline = functools.partial(_each_pipeline, settings, words)
         _switches_from_env(args)
         _cmodule.check()  # PG2SINK_IMPL is checked like the flags' variables
         log_config: LogConfig = options.build(LogConfig, args)

@@ -412,6 +412,14 @@ class LogConfig:
         None,
         group=Group.CONFIG,
         help='read settings from this TOML file (a key per option: slot = "s"); flags '
-        "and PG2SINK_ variables win over it",
+        "and PG2SINK_ variables win over it; its [pipeline.NAME] tables are pipelines "
+        "`pg2sink stream` runs together in this process",
         metavar="FILE",
+    )
+    pipeline: str | None = flag(
+        None,
+        group=Group.CONFIG,
+        help="with a --config file holding [pipeline.NAME] tables: only this pipeline "
+        "(its settings over the file's top level); without it `pg2sink stream` runs them all",
+        metavar="NAME",
     )

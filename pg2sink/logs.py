@@ -3,6 +3,10 @@
 Modules log with `logging.getLogger(__name__)` and lazy `%s` arguments; this
 module only decides how the lines look and makes sure that no registered
 secret (a password) can reach the output, whatever a message interpolates.
+
+In a process running several pipelines, a line logged in a pipeline's thread names the
+pipeline (`PIPELINE`, set by pg2sink/pipelines.py): `pipeline NAME: ` before the text, a
+`pipeline` field in JSON.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextvars import ContextVar
 from typing import Any
 
 import orjson
@@ -21,6 +26,28 @@ REDACTED = "***"
 _STANDARD_ATTRS = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys() | {"message", "asctime"}
 )
+
+
+#: the pipeline whose thread logs (None: the process's own lines, or one pipeline alone)
+PIPELINE: ContextVar[str | None] = ContextVar("pg2sink_pipeline", default=None)
+
+
+class PipelineFilter(logging.Filter):
+    """Names the logging thread's pipeline: a `pipeline` attribute (a JSON field), and
+    with `prefix` the same before the text."""
+
+    def __init__(self, prefix: bool) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = PIPELINE.get()
+        if name is not None and "pipeline" not in vars(record):
+            vars(record)["pipeline"] = name  # a field of its own: JsonFormatter shows it
+            if self.prefix:
+                record.msg = f"pipeline {name}: {record.getMessage()}"
+                record.args = None
+        return True
 
 
 class RedactingFilter(logging.Filter):
@@ -80,6 +107,7 @@ def add_secret(secret: str | None) -> None:
 def setup(level: str = "info", fmt: str = "text") -> None:
     """Configure the root logger once for the process."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(PipelineFilter(prefix=fmt != "json"))
     handler.addFilter(_filter)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())

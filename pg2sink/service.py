@@ -6,6 +6,9 @@ that loses its connection after it started is retried with backoff (the
 slot keeps our position, so nothing is lost); a failure before the first
 session started is reported and exits, unless --retry-initial asks to wait
 (a standby instance waiting for the active one's slot).
+
+With several pipelines in one process (pipelines.py) a service is one, in a thread: the
+process owns the signals and the HTTP API; a failure at start is retried as later.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import TextIO
 
@@ -118,7 +121,9 @@ class StreamService:
     #: not unless told: the window stays for the next replay)
     advances_slot = True
 
-    def __init__(self, cfg: StreamConfig) -> None:
+    def __init__(self, cfg: StreamConfig, *, pipeline: str | None = None) -> None:
+        #: its name among several pipelines of the process (pipelines.py); None: alone
+        self.pipeline = pipeline
         if cfg.routing.outbox and not cfg.decode_only:
             check_sink(cfg.sink, cfg.routing.outbox_headers_column is not None)
         self.cfg = cfg
@@ -147,13 +152,16 @@ class StreamService:
         )
 
     def run(self) -> None:
-        self.stop.install()
-        logging.getLogger().addHandler(LogCounter(self.stats))
+        alone = self.pipeline is None
+        if alone:
+            self.stop.install()
+        counter = LogCounter(self.stats, self.pipeline)
+        logging.getLogger().addHandler(counter)
         sink: Sink | None = None
         out: TextIO | None = None
         http: Server | None = None
         try:
-            http = self.http = self._serve_metrics()
+            http = self.http = serve_http(self.cfg, self.stats) if alone else None
             if self.cfg.decode_only:
                 output = self.cfg.sink_config
                 out = _open_output(output.file_path if isinstance(output, FileConfig) else "-")
@@ -174,28 +182,8 @@ class StreamService:
                 out.close()
             if http is not None:
                 http.close()
-            self.stop.uninstall()
-
-    def _serve_metrics(self) -> Server | None:
-        """The HTTP API and /metrics on --metrics-address ('off': none)."""
-        address = self.cfg.metrics_address
-        if address == "off":
-            return None
-        cfg = self.cfg
-        try:
-            access = load_access(cfg.http_token_file, cfg.http_tls_cert, cfg.http_tls_key)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        options.add_secret(access.token)
-        try:
-            return start_http_server(address, self.stats, access=access)
-        except ValueError as e:
-            raise ConfigError(f"invalid --metrics-address {address!r}: {e}") from None
-        except OSError as e:
-            raise ConfigError(
-                f"cannot listen on --metrics-address {address}: {e.strerror}; "
-                "pick another address, or 'off'"
-            ) from None
+            logging.getLogger().removeHandler(counter)
+            self.stop.uninstall() if alone else self.stop.close()
 
     def _loop(self, sink: Sink | None, out: TextIO | None) -> None:
         while not self.stop.requested:
@@ -217,7 +205,8 @@ class StreamService:
         self.stats.replication_down(str(error))
         if isinstance(error, SinkError):
             self.stats.sink_down(str(error))
-        if not error.retryable or not (self.started or self.cfg.retry_initial):
+        retried = self.started or self.cfg.retry_initial or self.pipeline is not None
+        if not error.retryable or not retried:
             if isinstance(error, SlotBusyError) and not self.started:
                 raise SlotBusyError(
                     f"{error}; stop it, or pass --retry-initial to wait and take over when it exits"
@@ -465,6 +454,28 @@ class StreamService:
             if self.engine is not None:
                 self.engine.wake()
         return rec
+
+
+def serve_http(cfg: StreamConfig, stats: StreamStats | Mapping[str, StreamStats]) -> Server | None:
+    """The HTTP API and /metrics on --metrics-address ('off': none), for one pipeline's
+    stats or several pipelines' by name."""
+    address = cfg.metrics_address
+    if address == "off":
+        return None
+    try:
+        access = load_access(cfg.http_token_file, cfg.http_tls_cert, cfg.http_tls_key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    options.add_secret(access.token)
+    try:
+        return start_http_server(address, stats, access=access)
+    except ValueError as e:
+        raise ConfigError(f"invalid --metrics-address {address!r}: {e}") from None
+    except OSError as e:
+        raise ConfigError(
+            f"cannot listen on --metrics-address {address}: {e.strerror}; "
+            "pick another address, or 'off'"
+        ) from None
 
 
 def _import_target(cfg: StreamConfig) -> ImportTarget | None:

@@ -1,4 +1,5 @@
-"""`pg2sink stream` (the default command): the service until SIGINT or SIGTERM."""
+"""`pg2sink stream` (the default command): the service until SIGINT or SIGTERM; with a
+--config file holding [pipeline.NAME] tables, every pipeline in this one process."""
 
 from __future__ import annotations
 
@@ -11,4 +12,10 @@ __all__ = ["run"]
 
 
 def run(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
-    run_stream(stream_config(args))
+    each_pipeline = getattr(args, "each_pipeline", None)  # set by cli.main
+    if each_pipeline is None:
+        run_stream(stream_config(args))
+        return
+    from pg2sink.pipelines import run_pipelines
+
+    run_pipelines(each_pipeline(stream_config))

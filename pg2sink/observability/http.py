@@ -10,6 +10,11 @@
                   200, the root log level to debug, or back to the level at start
                   (psql-streamer's endpoints)
 
+A process running several pipelines serves one API for all: /metrics labels every
+pg2sink_* series with `pipeline`; /status is 200 only when every pipeline is healthy, its
+body each pipeline's status by name; /status/NAME and /stats/NAME are one pipeline's
+documents, /stats holds them all by name.
+
 With a token (--http-token-file) every endpoint but /health answers 401 unless the
 request carries `Authorization: Bearer TOKEN`; with a certificate (--http-tls-cert) it
 is served over TLS, the handshake made in the request's own thread.
@@ -28,7 +33,7 @@ import logging
 import socket
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -216,6 +221,18 @@ def status_document(stats: StreamStats) -> tuple[bool, dict[str, Any]]:
     return not problems, body
 
 
+def pipelines_status(pipelines: Mapping[str, StreamStats]) -> tuple[bool, dict[str, Any]]:
+    """(every pipeline healthy, JSON body of GET /status for several pipelines)."""
+    each = {name: status_document(stats) for name, stats in pipelines.items()}
+    healthy = all(ok for ok, _ in each.values())
+    body = {
+        "status": "ok" if healthy else "unhealthy",
+        "unhealthy": [name for name, (ok, _) in each.items() if not ok],
+        "pipelines": {name: doc for name, (_, doc) in each.items()},
+    }
+    return healthy, body
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
     server_version = f"pg2sink/{__version__}"
@@ -261,12 +278,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.OK, _JSON, orjson.dumps({"log_level": name}), head)
             elif path == "/health":
                 self._send(HTTPStatus.OK, _JSON, orjson.dumps({"status": "ok"}), head)
-            elif path == "/status":
-                healthy, body = status_document(app.stats)
-                code = HTTPStatus.OK if healthy else HTTPStatus.INTERNAL_SERVER_ERROR
-                self._send(code, _JSON, app.json(body), head)
-            elif path == "/stats":
-                self._send(HTTPStatus.OK, _JSON, app.json(stats_document(app.stats)), head)
+            elif path == "/status" or path.startswith("/status/"):
+                self._status(path.removeprefix("/status").removeprefix("/"), head)
+            elif path == "/stats" or path.startswith("/stats/"):
+                self._stats(path.removeprefix("/stats").removeprefix("/"), head)
             elif path == "/metrics":
                 # imported on the first scrape, not at start: prometheus_client is slow
                 # to import, which every run would otherwise pay up front
@@ -275,8 +290,7 @@ class _Handler(BaseHTTPRequestHandler):
                 encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
                 self._send(HTTPStatus.OK, content_type, encoder(app.registry()), head)
             else:
-                body = {"error": "not found", "endpoints": list(_ENDPOINTS)}
-                self._send(HTTPStatus.NOT_FOUND, _JSON, orjson.dumps(body), head)
+                self._not_found(head)
         except Exception:
             log.exception("HTTP API: %s %s failed", self.command, path)
             self._send(
@@ -285,6 +299,41 @@ class _Handler(BaseHTTPRequestHandler):
                 orjson.dumps({"error": "internal error"}),
                 head,
             )
+
+    def _status(self, name: str, head: bool) -> None:
+        """GET /status, or /status/NAME of one of several pipelines."""
+        app = self.server.app
+        if not name and app.pipelines is not None:
+            healthy, body = pipelines_status(app.pipelines)
+        else:
+            stats = app.pipeline(name)
+            if stats is None:
+                self._not_found(head)
+                return
+            healthy, body = status_document(stats)
+        code = HTTPStatus.OK if healthy else HTTPStatus.INTERNAL_SERVER_ERROR
+        self._send(code, _JSON, app.json(body), head)
+
+    def _stats(self, name: str, head: bool) -> None:
+        """GET /stats (every pipeline's by name, when several), or /stats/NAME."""
+        app = self.server.app
+        if not name and app.pipelines is not None:
+            each = {n: stats_document(s) for n, s in app.pipelines.items()}
+            body: dict[str, Any] = {"version": __version__, "pipelines": each}
+        else:
+            stats = app.pipeline(name)
+            if stats is None:
+                self._not_found(head)
+                return
+            body = stats_document(stats)
+        self._send(HTTPStatus.OK, _JSON, app.json(body), head)
+
+    def _not_found(self, head: bool) -> None:
+        app = self.server.app
+        body: dict[str, Any] = {"error": "not found", "endpoints": list(_ENDPOINTS)}
+        if app.pipelines is not None:
+            body["pipelines"] = list(app.pipelines)
+        self._send(HTTPStatus.NOT_FOUND, _JSON, orjson.dumps(body), head)
 
     def _send(
         self,
@@ -317,12 +366,14 @@ _ENDPOINTS = ("/health", "/status", "/stats", "/metrics", *_DEBUG)
 class _App:
     def __init__(
         self,
-        stats: StreamStats,
+        stats: StreamStats | Mapping[str, StreamStats],
         registry: CollectorRegistry | None,
         redact: Callable[[str], str],
         access: Access,
     ) -> None:
         self.stats = stats
+        #: several pipelines' stats by name (None: one pipeline alone, `stats`)
+        self.pipelines = None if isinstance(stats, StreamStats) else stats
         self.access = access
         #: the level /debug/off restores: the one set at start (--log-level)
         self.base_level = logging.getLogger().level
@@ -338,6 +389,12 @@ class _App:
 
                 self._registry = make_registry(self.stats)
             return self._registry
+
+    def pipeline(self, name: str) -> StreamStats | None:
+        """The stats of pipeline `name` ('' for one pipeline alone); None: no such one."""
+        if self.pipelines is None:
+            return self.stats if not name and isinstance(self.stats, StreamStats) else None
+        return self.pipelines.get(name) if name else None
 
     def json(self, body: dict[str, Any]) -> bytes:
         return orjson.dumps(_redact_strings(body, self.redact))
@@ -402,13 +459,14 @@ class Server:
 
 def start_http_server(
     address: str,
-    stats: StreamStats,
+    stats: StreamStats | Mapping[str, StreamStats],
     *,
     registry: CollectorRegistry | None = None,
     redact: Callable[[str], str] = lambda text: text,
     access: Access = Access(),
 ) -> Server:
-    """Serve /health, /status, /stats and /metrics for `stats` on `address` (HOST:PORT).
+    """Serve /health, /status, /stats and /metrics for `stats` on `address` (HOST:PORT):
+    one pipeline's, or several pipelines' by name.
 
     Raises ValueError for a malformed address and OSError when it cannot be
     bound (port in use, unknown host). `registry` defaults to make_registry(stats).

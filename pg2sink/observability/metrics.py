@@ -7,7 +7,10 @@ starts with `pg2sink_`; docs/observability.md lists each one with its type,
 labels and meaning, and a test keeps that list and this module in step.
 
 `make_registry()` builds a dedicated CollectorRegistry (never the global one)
-holding this collector plus the standard process_* and python_* collectors.
+holding this collector plus the standard process_* and python_* collectors. For a
+process running several pipelines it takes their StreamStats by name: every pg2sink_*
+sample then carries a `pipeline` label (one family per name, the pipelines' samples in
+it); a process streaming one pipeline alone exposes the series unlabelled, as always.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from prometheus_client.registry import Collector
 from pg2sink import __version__
 from pg2sink.observability.stats import IMPORT_STATES, Buckets, StreamStats
 
-__all__ = ["StatsCollector", "make_registry"]
+__all__ = ["PipelinesCollector", "StatsCollector", "make_registry"]
 
 #: A labelled counter's key: one label value, or the values of its three labels.
 _Key = TypeVar("_Key", str, tuple[str, str, str])
@@ -316,10 +319,40 @@ def _histogram(name: str, documentation: str, buckets: Buckets) -> HistogramMetr
     )
 
 
-def make_registry(stats: StreamStats, clock: Callable[[], float] = time.time) -> CollectorRegistry:
-    """A dedicated registry: pg2sink_* from `stats`, plus process_* and python_* metrics."""
+class PipelinesCollector(Collector):
+    """The pg2sink_* families of several pipelines' StreamStats, each sample labelled
+    with its pipeline's name."""
+
+    def __init__(
+        self, pipelines: Mapping[str, StreamStats], clock: Callable[[], float] = time.time
+    ) -> None:
+        self.collectors = {name: StatsCollector(s, clock) for name, s in pipelines.items()}
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for name, collector in self.collectors.items():
+            for family in collector.collect():
+                samples = [
+                    s._replace(labels={"pipeline": name, **s.labels}) for s in family.samples
+                ]
+                if family.name in families:
+                    families[family.name].samples.extend(samples)
+                else:
+                    family.samples = samples
+                    families[family.name] = family
+        yield from families.values()
+
+
+def make_registry(
+    stats: StreamStats | Mapping[str, StreamStats], clock: Callable[[], float] = time.time
+) -> CollectorRegistry:
+    """A dedicated registry: pg2sink_* from `stats` (one pipeline's, or several by name,
+    labelled `pipeline`), plus process_* and python_* metrics."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatsCollector(stats, clock))
+    if isinstance(stats, StreamStats):
+        registry.register(StatsCollector(stats, clock))
+    else:
+        registry.register(PipelinesCollector(stats, clock))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

@@ -31,6 +31,7 @@ from datetime import datetime
 
 from pg2sink.changelog.records import Operation
 from pg2sink.errors import Pg2SinkError
+from pg2sink.logs import PIPELINE
 
 __all__ = [
     "ERROR_KINDS",
@@ -446,14 +447,18 @@ class LogCounter(logging.Handler):
     """Counts WARNING and worse log records into StreamStats.log_messages.
 
     Attach to the root logger (`logging.getLogger().addHandler(LogCounter(stats))`);
-    it formats nothing and writes nothing.
+    it formats nothing and writes nothing. With `pipeline` (a process running several),
+    it counts only the lines logged in that pipeline's thread (logs.PIPELINE).
     """
 
-    def __init__(self, stats: StreamStats) -> None:
+    def __init__(self, stats: StreamStats, pipeline: str | None = None) -> None:
         super().__init__(logging.WARNING)
         self.stats = stats
+        self.pipeline = pipeline
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self.pipeline is not None and PIPELINE.get() != self.pipeline:
+            return
         level = record.levelname.lower()
         counts = self.stats.log_messages
         counts[level] = counts.get(level, 0) + 1

@@ -27,6 +27,7 @@ so tests drive it with a scripted source on a fake clock
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -153,6 +154,15 @@ class StopRequested:
         if not self.requested:
             log.info("received %s, stopping after a final flush", signal.Signals(signum).name)
         self.requested = True
+
+    def request(self) -> None:
+        """Stop as a signal would, from another thread (the process running several
+        pipelines passes its signal on: pg2sink/pipelines.py)."""
+        self.requested = True
+        # wakes a loop waiting on `fileno`; OSError: the buffer is full (a wake-up is
+        # pending already), or the flag was closed (its loop ended)
+        with contextlib.suppress(OSError):
+            self._w.send(b"\0")
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
