@@ -10,7 +10,7 @@ CGK    ?= bench/out/frames
 # the PostgreSQL major `make services` and `make test-compat` run (14 to 18)
 PG_VERSION ?= 15
 
-.PHONY: setup system venv jdbc check test test-fast test-compat demo services services-stop bench-stream bench-latency bench-import bench-bigtx bench-tables bench-kafka-cpu bench-peers dashboards clean
+.PHONY: setup system venv jdbc check test test-fast test-compat demo services services-stop bench-stream bench-latency bench-import bench-bigtx bench-tables bench-pipelines bench-kafka-cpu bench-peers dashboards clean
 
 setup: system venv jdbc
 
@@ -133,6 +133,10 @@ bench-bigtx: setup
 
 bench-tables: setup
 	PG_VERSION=$(PG_VERSION) $(PY) bench/tables.py $(ARGS)
+
+# ten pipelines in one process against ten processes: CPU per change, peak RSS
+bench-pipelines: setup
+	PG_VERSION=$(PG_VERSION) $(PY) bench/pipelines.py $(ARGS)
 
 # pg2sink next to Debezium Server (fetched by scripts/debezium.py; runs on a JDK >= 21)
 bench-peers: setup
