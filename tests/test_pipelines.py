@@ -2,7 +2,8 @@
 the file's tables checked and shown, clashes refused, every pg2sink_* series labelled
 with its pipeline; and real processes: three databases on two PostgreSQL servers into
 three file sinks with one server stopped for 30 s (the others keep streaming, the
-stopped one resumes, nothing lost), and a pipeline that cannot start ending alone."""
+stopped one resumes, nothing lost), two Kafka pipelines and a file one side by side, and
+a pipeline that cannot start ending alone."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pg2sink.observability.metrics import make_registry
 from pg2sink.observability.stats import StreamStats
 from tests.conftest import (
     Database,
+    KafkaStack,
     Pg2Sink,
     clean_env,
     fresh_database,
@@ -35,6 +37,7 @@ from tests.conftest import (
     start_postgres,
     wait_for,
 )
+from tests.sinks.kafka.test_kafka import Reader
 
 SECRET = "pipeline-s3cr3t"
 
@@ -45,13 +48,13 @@ def write(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
-def pipeline_table(name: str, db: Database, out: Path, **extra: str) -> str:
+def pipeline_table(name: str, db: Database, out: Path | None, **extra: str) -> str:
     lines = [
         f"[pipeline.{name}]",
         f'source = "{db.dsn}"',
         f'slot = "{db.slot}"',
         f'publication = "{db.publication}"',
-        f'file_path = "{out}"',
+        *([f'file_path = "{out}"'] if out is not None else []),
         *(f'{key} = "{value}"' for key, value in extra.items()),
     ]
     return "\n".join(lines) + "\n"
@@ -355,3 +358,57 @@ def test_a_pipeline_that_cannot_start_ends_alone(db: Database, tmp_path: Path) -
     assert code == 2
     last = p.stderr().strip().splitlines()[-1]
     assert last.startswith("pg2sink: error: pipeline bad: role"), last
+
+
+def test_kafka_and_file_pipelines_side_by_side(
+    pg_server: services.Postgres, kafka_stack: KafkaStack, topic_prefix: str, tmp_path: Path
+) -> None:
+    """Two pipelines into one Kafka cluster (Avro, the registry: each its own producer and
+    encoders, in threads side by side) and one into a file, all in one process."""
+    with (
+        fresh_database(pg_server) as shop,
+        fresh_database(pg_server) as hr,
+        fresh_database(pg_server) as billing,
+    ):
+        dbs = {"shop": shop, "hr": hr, "billing": billing}
+        for db in dbs.values():
+            with psycopg.connect(db.dsn, autocommit=True) as conn:
+                conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        top = (
+            f'{TOP}sink = "kafka"\nkafka_bootstrap_servers = "{kafka_stack.bootstrap_servers}"\n'
+            f'schema_registry_url = "{kafka_stack.registry_url}"\n'
+        )
+        out = tmp_path / "billing.jsonl"
+        tables = [
+            pipeline_table(name, dbs[name], None, topic_prefix=f"{topic_prefix}_{name}")
+            for name in ("shop", "hr")
+        ]
+        tables.append(pipeline_table("billing", billing, out, sink="file"))
+        path = write(tmp_path, top + "".join(tables))
+        p = Pg2Sink(args=["--config", path], env=clean_env(), workdir=tmp_path).start()
+        topics = [f"{topic_prefix}_{name}.public.t" for name in ("shop", "hr")]
+        reader = Reader(kafka_stack.bootstrap_servers, topics, kafka_stack.registry_url)
+        try:
+            wait_for(lambda: streaming(p, *dbs), 60, "three pipelines streaming")
+            for start in range(1, 301, 50):  # the pipelines' transactions interleaved
+                for db in dbs.values():
+                    insert(db, start, 50)
+            messages = reader.read(600)
+            for name, topic in zip(("shop", "hr"), topics, strict=True):
+                rows = [m.value["after"]["id"] for m in messages if m.topic == topic]
+                assert sorted(rows) == list(range(1, 301)), name
+                assert len(rows) == 300, name  # no stream resent anything
+            wait_for(holds(out, 300), 30, "billing's file")
+            assert sorted(ids(out)) == list(range(1, 301))
+            metrics = get(f"{api_url(p)}/metrics")[1]
+            for name in dbs:
+                value = sample(metrics, "pg2sink_changes_total", pipeline=name, operation="INSERT")
+                assert value == 300, name
+            started = time.monotonic()
+            assert p.stop() == 0, p.stderr()
+            assert time.monotonic() - started < 10
+        finally:
+            reader.close()
+            if p.proc is not None and p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait(10)
