@@ -8,7 +8,9 @@ a pipeline that cannot start ending alone."""
 from __future__ import annotations
 
 import json
+import logging
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,9 +25,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
+from pg2sink import logs
 from pg2sink.observability.http import start_http_server
 from pg2sink.observability.metrics import make_registry
-from pg2sink.observability.stats import StreamStats
+from pg2sink.observability.stats import LogCounter, StreamStats
 from tests.conftest import (
     Database,
     KafkaStack,
@@ -194,6 +197,38 @@ def test_one_http_api_for_every_pipeline() -> None:
         assert missing[0] == 404 and missing[1]["pipelines"] == ["a", "b"]
         a.replication_down("lost")
         assert get(f"{srv.url}/status")[1]["unhealthy"] == ["a", "b"]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_pipeline_s_log_lines_name_it(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    stats = StreamStats()
+    counter = LogCounter(stats, "shop")
+    try:
+        logs.setup("info", fmt)
+        root.addHandler(counter)
+
+        def in_pipeline() -> None:
+            logs.PIPELINE.set("shop")
+            logging.getLogger("pg2sink.service").warning("streaming stopped: %s", "why")
+
+        thread = threading.Thread(target=in_pipeline)
+        thread.start()
+        thread.join()
+        logging.getLogger("pg2sink.pipelines").warning("the process's own line")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    first, second = capsys.readouterr().err.splitlines()
+    if fmt == "text":
+        assert first.endswith("pg2sink.service: pipeline shop: streaming stopped: why")
+        assert second.endswith("pg2sink.pipelines: the process's own line")
+    else:
+        assert json.loads(first)["pipeline"] == "shop"
+        assert json.loads(first)["event"] == "streaming stopped: why"
+        assert "pipeline" not in json.loads(second)
+    assert stats.log_messages["warning"] == 1  # the pipeline's line only
 
 
 # --- real servers ----------------------------------------------------------------
