@@ -20,7 +20,6 @@ from typing import TextIO
 import psycopg
 from psycopg.rows import TupleRow
 
-from pg2sink import options
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.catalog.server import check_server, connect
 from pg2sink.catalog.standby import (
@@ -44,7 +43,7 @@ from pg2sink.imports.engine import ImportEngine
 from pg2sink.imports.gate import ImportGate
 from pg2sink.imports.jdbc import connection_properties
 from pg2sink.imports.migrate import apply_migrations, set_capture_ddl
-from pg2sink.observability.http import Server, load_access, start_http_server
+from pg2sink.observability.http import Server, serve_api
 from pg2sink.observability.position import (
     check_slot_valid,
     invalidated_message,
@@ -178,24 +177,14 @@ class StreamService:
 
     def _serve_metrics(self) -> Server | None:
         """The HTTP API and /metrics on --metrics-address ('off': none)."""
-        address = self.cfg.metrics_address
-        if address == "off":
-            return None
         cfg = self.cfg
-        try:
-            access = load_access(cfg.http_token_file, cfg.http_tls_cert, cfg.http_tls_key)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        options.add_secret(access.token)
-        try:
-            return start_http_server(address, self.stats, access=access)
-        except ValueError as e:
-            raise ConfigError(f"invalid --metrics-address {address!r}: {e}") from None
-        except OSError as e:
-            raise ConfigError(
-                f"cannot listen on --metrics-address {address}: {e.strerror}; "
-                "pick another address, or 'off'"
-            ) from None
+        return serve_api(
+            cfg.metrics_address,
+            self.stats,
+            cfg.http_token_file,
+            cfg.http_tls_cert,
+            cfg.http_tls_key,
+        )
 
     def _loop(self, sink: Sink | None, out: TextIO | None) -> None:
         while not self.stop.requested:
