@@ -318,7 +318,11 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             print(f"table: {args.rows:,} rows of bench-stream's column mix ...", flush=True)
             fill(conn, args.rows)
         apply_migrations(SecretDsn(dsn), INTERNAL)
-        runner = SparkRunner(args.spark_master, class_cache=args.spark_class_cache)
+        runner = SparkRunner(
+            args.spark_master,
+            class_cache=args.spark_class_cache,
+            driver_memory=args.spark_driver_memory,
+        )
         stack.callback(runner.close)
         print(f"starting Spark ({args.spark_master}) ...", flush=True)
         runner.session()
@@ -476,6 +480,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="DIR",
         help="pg2sink's --spark-class-cache (default: $PG2SINK_SPARK_CLASS_CACHE, else "
         "pg2sink's default directory; off: start the driver JVM without a class archive)",
+    )
+    p.add_argument(
+        "--spark-driver-memory",
+        metavar="SIZE",
+        help="the driver's heap (pg2sink's --spark-driver-memory; default: as pg2sink's)",
     )
     p.add_argument("--repeat", type=int, default=1, help="runs of each (default 1)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON")

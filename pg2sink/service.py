@@ -23,7 +23,6 @@ from typing import TextIO
 import psycopg
 from psycopg.rows import TupleRow
 
-from pg2sink import options
 from pg2sink.catalog.catalog import Catalog
 from pg2sink.catalog.server import check_server, connect
 from pg2sink.catalog.standby import (
@@ -47,7 +46,7 @@ from pg2sink.imports.engine import ImportEngine
 from pg2sink.imports.gate import ImportGate
 from pg2sink.imports.jdbc import connection_properties
 from pg2sink.imports.migrate import apply_migrations, set_capture_ddl
-from pg2sink.observability.http import Server, load_access, start_http_server
+from pg2sink.observability.http import Server, serve_api
 from pg2sink.observability.position import (
     check_slot_valid,
     invalidated_message,
@@ -459,23 +458,9 @@ class StreamService:
 def serve_http(cfg: StreamConfig, stats: StreamStats | Mapping[str, StreamStats]) -> Server | None:
     """The HTTP API and /metrics on --metrics-address ('off': none), for one pipeline's
     stats or several pipelines' by name."""
-    address = cfg.metrics_address
-    if address == "off":
-        return None
-    try:
-        access = load_access(cfg.http_token_file, cfg.http_tls_cert, cfg.http_tls_key)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    options.add_secret(access.token)
-    try:
-        return start_http_server(address, stats, access=access)
-    except ValueError as e:
-        raise ConfigError(f"invalid --metrics-address {address!r}: {e}") from None
-    except OSError as e:
-        raise ConfigError(
-            f"cannot listen on --metrics-address {address}: {e.strerror}; "
-            "pick another address, or 'off'"
-        ) from None
+    return serve_api(
+        cfg.metrics_address, stats, cfg.http_token_file, cfg.http_tls_cert, cfg.http_tls_key
+    )
 
 
 def _import_target(cfg: StreamConfig) -> ImportTarget | None:

@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import boto3
 import confluent_kafka as ck
 import nats
 import psycopg
@@ -34,6 +33,7 @@ import services
 from botocore.exceptions import ClientError
 
 from tests.conftest import start_postgres, wait_for
+from tests.sinks.kinesis.kinesis_support import kinesis_client
 
 if TYPE_CHECKING:
     from mypy_boto3_kinesis import KinesisClient
@@ -189,17 +189,6 @@ def test_nats_jetstream_acks_and_deduplicates(nats_url: str, topic_prefix: str) 
 
 
 # --- kinesalite -------------------------------------------------------------------------
-
-
-def kinesis_client(endpoint: str) -> KinesisClient:
-    env = services.KINESIS_CLIENT_ENV
-    return boto3.client(
-        "kinesis",
-        endpoint_url=endpoint,
-        region_name=env["AWS_DEFAULT_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
 
 
 def create_active_stream(client: KinesisClient, name: str) -> str:

@@ -10,12 +10,15 @@ Kafka again.
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
 
 from pg2sink import options
 from pg2sink.config import Group, StreamConfig
 from pg2sink.errors import ConfigError
+from pg2sink.observability.http import serve_api
+from pg2sink.observability.stats import StreamStats
 from pg2sink.options import Option
 from pg2sink.relay.config import GROUP, RelayConfig
 from pg2sink.sinks import entries
@@ -23,7 +26,12 @@ from pg2sink.sinks.kafka.config import KafkaConfig
 
 __all__ = ["add_parser", "run"]
 
+log = logging.getLogger(__name__)
+
 _SINK = options.options_of(StreamConfig, groups=[Group.SINK], omit=["decode_only"])
+#: --http-token-file, --http-tls-cert, --http-tls-key as the stream has them (the relay's
+#: --metrics-address is its own: another default port)
+_HTTP = options.options_of(StreamConfig, groups=[Group.OBSERVABILITY], omit=["metrics_address"])
 
 
 def add_parser(sub: Any, sinks: list[Option], groups: list[str], logging: list[Option]) -> None:
@@ -38,8 +46,8 @@ def add_parser(sub: Any, sinks: list[Option], groups: list[str], logging: list[O
     )
     options.add_options(
         relay,
-        [*options.options_of(RelayConfig), *_SINK, *sinks, *logging],
-        [GROUP, Group.SINK, *groups, Group.LOGGING, Group.CONFIG],
+        [*options.options_of(RelayConfig), *_SINK, *sinks, *_HTTP, *logging],
+        [GROUP, Group.SINK, *groups, Group.OBSERVABILITY, Group.LOGGING, Group.CONFIG],
     )
 
 
@@ -65,12 +73,9 @@ def run(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
     """Relay until SIGINT or SIGTERM."""
     cfg: RelayConfig = options.build(RelayConfig, args)
     cfg.check()
-    kafka: KafkaConfig = options.build(KafkaConfig, args)  # registers the URL's secret
-    if not kafka.schema_registry_url and not cfg.relay_schema_topic:
-        raise ConfigError(
-            "pg2sink relay needs --schema-registry-url (Avro topics) or --from-schema-topic "
-            "(JSON topics)"
-        )
+    # registers the URL's secret; Avro topics need the registry, pg2sink's JSON topics
+    # --from-schema-topic, psql-streamer's neither: a message needing one says so
+    kafka: KafkaConfig = options.build(KafkaConfig, args)
     sink = _sink(args)
     # confluent-kafka is the [kafka] extra: imported once the relay runs
     try:
@@ -81,11 +86,24 @@ def run(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> None:
     from pg2sink.subscription.loop import StopRequested
 
     url = kafka.schema_registry_url
-    relay = Relay(cfg, sink, Shapes(url, kafka.registry.reveal()) if url else None)
+    stats = StreamStats()
+    stats.info = {"sink": args.sink or StreamConfig.sink}
+    relay = Relay(cfg, sink, Shapes(url, kafka.registry.reveal()) if url else None, stats)
     relay.offsets_file = _offsets_file(cfg, args)
+    http = serve_api(
+        cfg.relay_metrics_address,
+        stats,
+        args.http_token_file,
+        args.http_tls_cert,
+        args.http_tls_key,
+    )
+    if http is not None:
+        log.info("HTTP API on %s", http.url)
     stop = StopRequested()
     stop.install()
     try:
         relay.run(stop)
     finally:
         stop.uninstall()
+        if http is not None:
+            http.close()

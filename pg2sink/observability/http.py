@@ -43,7 +43,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from pg2sink import __version__
+from pg2sink import __version__, options
+from pg2sink.errors import ConfigError
 from pg2sink.logical.lsn import format_lsn
 from pg2sink.observability.stats import StreamStats
 
@@ -56,6 +57,7 @@ __all__ = [
     "Server",
     "load_access",
     "parse_address",
+    "serve_api",
     "start_http_server",
     "stats_document",
 ]
@@ -488,3 +490,32 @@ def start_http_server(
     server = Server(httpd)
     log.debug("HTTP API listening on %s (%s)", server.url, " ".join(_ENDPOINTS))
     return server
+
+
+def serve_api(
+    address: str,
+    stats: StreamStats | Mapping[str, StreamStats],
+    token_file: str | None,
+    cert: str | None,
+    key: str | None,
+) -> Server | None:
+    """The HTTP API of `stats` (one pipeline's, or several pipelines' by name) on
+    --metrics-address `address` ('off': None), with the
+    access --http-token-file, --http-tls-cert and --http-tls-key give; ConfigError
+    (one line) when the files cannot be read or the address cannot be listened on."""
+    if address == "off":
+        return None
+    try:
+        access = load_access(token_file, cert, key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    options.add_secret(access.token)
+    try:
+        return start_http_server(address, stats, access=access)
+    except ValueError as e:
+        raise ConfigError(f"invalid --metrics-address {address!r}: {e}") from None
+    except OSError as e:
+        raise ConfigError(
+            f"cannot listen on --metrics-address {address}: {e.strerror}; "
+            "pick another address, or 'off'"
+        ) from None

@@ -13,6 +13,16 @@ from pg2sink.sensitive import Settings
 GROUP = "relay (pg2sink relay)"
 
 
+def _primary_key(text: str) -> tuple[str, tuple[str, ...]]:
+    table, _, columns = text.partition("=")
+    keys = tuple(c.strip() for c in columns.split(",") if c.strip())
+    if not table.strip() or not keys:
+        raise ConfigError(
+            f"--relay-primary-key: {text!r}: expected TABLE=COLUMN[,COLUMN...], e.g. users=id"
+        )
+    return table.strip(), keys
+
+
 @dataclass(frozen=True)
 class RelayConfig:
     """Where the relay reads from (docs/relay.md)."""
@@ -70,6 +80,32 @@ class RelayConfig:
         group=GROUP,
         help="--sink duckdb: keep the consumed offsets in the DuckDB file, committed with "
         "the changes, and start from them (no change written twice after a crash)",
+    )
+    relay_dead_letter_topic: str = flag(
+        "",
+        group=GROUP,
+        help="a topic (of the same cluster) that receives each message the relay cannot "
+        "read, with headers naming its topic, partition, offset and the error; without it "
+        "such a message stops the relay",
+        metavar="TOPIC",
+    )
+    relay_primary_key: tuple[tuple[str, tuple[str, ...]], ...] = flag(
+        (),
+        group=GROUP,
+        help="psql-streamer's topics: the key columns of a table, whose events do not "
+        "name them (TABLE=COL[,COL...]; repeatable); without it the table has no key",
+        metavar="TABLE=COLUMNS",
+        repeat=True,
+        build=lambda items, _name: tuple(_primary_key(i) for i in items),
+    )
+    relay_metrics_address: str = flag(
+        "127.0.0.1:9526",
+        group=GROUP,
+        help="HOST:PORT serving the relay's /health, /status, /stats and Prometheus "
+        "/metrics (the stream's default port plus one, so both run side by side; port 0: "
+        "any free port; 'off': no listener)",
+        names=("--metrics-address",),
+        metavar="HOST:PORT",
     )
     relay_batch_size: int = flag(
         5000,

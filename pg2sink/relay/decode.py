@@ -50,12 +50,18 @@ from pg2sink.formats.jsonenc import loads
 from pg2sink.logical.messages import UNCHANGED_TOAST
 from pg2sink.schema_registry.wire import MAGIC_BYTE
 
-__all__ = ["HEADER_BYTES", "Shape", "json_record", "schema_id"]
+__all__ = ["HEADER_BYTES", "Shape", "UnreadableError", "json_record", "record_of", "schema_id"]
 
 #: magic byte and schema id
 HEADER_BYTES = 5
 
 Fix = Callable[[object], object]
+
+
+class UnreadableError(SinkError):
+    """A message that cannot become a record (not JSON, not an envelope of its schema,
+    an unknown kind): the relay names its topic, partition and offset and sends it to
+    the dead-letter topic, or stops (--relay-dead-letter-topic)."""
 
 
 def schema_id(value: bytes) -> int | None:
@@ -139,7 +145,7 @@ class Shape:
         try:
             env = fastavro.schemaless_reader(io.BytesIO(value[HEADER_BYTES:]), self._reader, None)
         except (ValueError, TypeError, EOFError, IndexError) as e:
-            raise SinkError(
+            raise UnreadableError(
                 f"cannot read a message of {self.namespace}.{self.name} as its envelope: {e}"
             ) from None
         assert isinstance(env, dict)
@@ -191,6 +197,14 @@ def json_record(value: bytes) -> Schema | Modification | Message:
     """The record of a JSON line (jsonlines.py), its values in their JSON form."""
     try:
         obj = loads(value)
+    except ValueError as e:
+        raise UnreadableError(f"a message is not JSON: {e}") from None
+    return record_of(obj)
+
+
+def record_of(obj: Any) -> Schema | Modification | Message:
+    """The record of a JSON line's object (`json_record`)."""
+    try:
         kind = obj["kind"]
         if kind == "schema":
             key = obj["schema"].get("pg.primary_key") or ()
@@ -218,4 +232,4 @@ def json_record(value: bytes) -> Schema | Modification | Message:
             )
         return Modification(*head)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise SinkError(f"a message is not a pg2sink record's JSON line: {e}") from None
+        raise UnreadableError(f"a message is not a pg2sink record's JSON line: {e!r}") from None

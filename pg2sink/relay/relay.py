@@ -4,16 +4,24 @@ Per batch (at most --relay-batch-size messages, or what arrived within POLL_WAIT
 
 1. each message's value is decoded: Avro (decode.Shape, its writer schema from the
    registry), the first change of a table shape preceded by the shape's Schema record, so
-   the sink creates or evolves the table before its rows; or JSON (decode.json_record),
+   the sink creates or evolves the table before its rows; or JSON (decode.record_of),
    the first change of a table preceded by its latest Schema record in the schema topic
    (schemas.read_schema_topic; one consumed is written before its table's next
-   change); each table named by names.TableNames (a table of a second topic stops the
-   relay unless --relay-schema-prefix names it after its topic); tombstones (null
-   values) are skipped;
+   change); or a psql-streamer event (psql_streamer.py), its table's Schema record made
+   from its events; each table named by names.TableNames (a table of a second topic
+   stops the relay unless --relay-schema-prefix names it after its topic); tombstones
+   (null values) are skipped; a message that cannot be read (decode.UnreadableError)
+   stops the relay with its topic, partition and offset, or goes to
+   --relay-dead-letter-topic (deadletter.py);
 2. a checkpoint follows every source transaction (a change of topic or xid, or a
    sequence that does not grow), and the batch's end;
-3. the sink is flushed until it has acknowledged the batch's last checkpoint;
+3. the sink is flushed until it has acknowledged the batch's last checkpoint, and the
+   dead-letter topic until it has acknowledged the batch's dead letters;
 4. only then the consumer's offsets (each partition's next message) are committed.
+
+The relay reports to a StreamStats as the stream does (its HTTP API and /metrics,
+commands/relay.py): "replication" is the Kafka consumer, changes are counted per table,
+dead letters as errors of kind `dead_letter`.
 
 A crash before 4 leaves the offsets where they were: the batch is consumed and written
 again (at-least-once). Nothing is committed that the sink does not durably hold.
@@ -40,12 +48,16 @@ from confluent_kafka import Message as KafkaMessage
 
 from pg2sink.changelog.records import Modification, Schema
 from pg2sink.errors import ConfigError, SinkError, SinkUnavailableError
+from pg2sink.formats.jsonenc import loads
+from pg2sink.observability.stats import StreamStats
 from pg2sink.relay.config import RelayConfig
-from pg2sink.relay.decode import Shape, json_record, schema_id
+from pg2sink.relay.deadletter import DeadLetters
+from pg2sink.relay.decode import Shape, UnreadableError, record_of, schema_id
 from pg2sink.relay.names import TableNames
 from pg2sink.relay.offsets import OffsetRows, stored_offsets
+from pg2sink.relay.psql_streamer import EventTables, is_event
 from pg2sink.relay.schemas import Shapes, read_schema_topic
-from pg2sink.sinks.base import Sink, UsesSlot
+from pg2sink.sinks.base import ReportsHealth, Sink, UsesSlot
 from pg2sink.subscription.loop import StopRequested
 
 log = logging.getLogger(__name__)
@@ -100,10 +112,21 @@ def consumer_settings(cfg: RelayConfig) -> dict[str, str]:
 class Relay:
     """Consumes pg2sink's topics into `sink`; see the module docstring."""
 
-    def __init__(self, cfg: RelayConfig, sink: Sink, shapes: Shapes | None) -> None:
+    def __init__(
+        self,
+        cfg: RelayConfig,
+        sink: Sink,
+        shapes: Shapes | None,
+        stats: StreamStats | None = None,
+    ) -> None:
         self.cfg = cfg
         self.sink = sink
         self.shapes = shapes
+        self.stats = StreamStats() if stats is None else stats
+        #: psql-streamer's tables, learnt from their events
+        self.events = EventTables(dict(cfg.relay_primary_key))
+        #: --relay-dead-letter-topic's producer (None: an unreadable message stops)
+        self.dead_letters: DeadLetters | None = None
         self.marks = Marks()
         self.relayed = 0
         #: the shape each table's Schema record was last written with (Avro)
@@ -135,10 +158,17 @@ class Relay:
         except (KafkaException, TypeError, ValueError) as e:
             raise ConfigError(f"invalid --relay-kafka-config: {e}") from None
         self._consumer = consumer
+        if isinstance(self.sink, ReportsHealth):
+            self.sink.report_health(self.stats)
         try:
+            if self.cfg.relay_dead_letter_topic:
+                settings = {"bootstrap.servers": self.cfg.relay_bootstrap_servers}
+                settings.update(self.cfg.relay_consumer.reveal())
+                self.dead_letters = DeadLetters(settings, self.cfg.relay_dead_letter_topic)
             if self.offsets_file is not None:
                 self._stored = stored_offsets(self.offsets_file, self.cfg.relay_group_id)
             self.sink.open()
+            self.stats.sink_up()
             # librdkafka takes a topic starting with ^ as a regular expression
             topics = [f"^({self.cfg.relay_topics})$"]
             if self.offsets_file is not None:  # each partition from the file's offset
@@ -151,10 +181,14 @@ class Relay:
                 self.cfg.relay_bootstrap_servers,
                 self.cfg.relay_group_id,
             )
+            self.stats.replication_up()
             while not stop.requested:
                 batch = consumer.consume(self.cfg.relay_batch_size, POLL_WAIT)
                 if batch:
                     self._relay(batch)
+        except SinkError as e:
+            self.stats.sink_down(str(e))
+            raise
         finally:
             try:
                 self.sink.close()
@@ -174,21 +208,61 @@ class Relay:
                 continue
             topic, value = msg.topic() or "", msg.value()
             if value is not None:  # a tombstone (--tombstones) repeats its DELETE's key
-                self._write(topic, value)
+                try:
+                    self._write(topic, value)
+                except UnreadableError as e:
+                    self._unreadable(msg, e)
             # after the write: a checkpoint it put before its change covers those before
             offsets[topic, msg.partition() or 0] = (msg.offset() or 0) + 1
             self._pending[topic, msg.partition() or 0] = (msg.offset() or 0) + 1
+        if not self.stats.replication_connected:
+            self.stats.replication_up()
         mark = self._checkpoint()
+        started = time.monotonic()
         self._wait_for(mark)
+        if self.dead_letters is not None:
+            self.dead_letters.flush(ACK_WAIT)
+        self.stats.observe_flush(time.monotonic() - started, len(batch))
         self._commit(offsets)
         log.debug("relayed %d messages; offsets committed", len(batch))
+
+    def _unreadable(self, msg: KafkaMessage, error: UnreadableError) -> None:
+        """A message that cannot be read: a dead letter, or the relay stops."""
+        where = f"topic {msg.topic()!r} [{msg.partition()}] at offset {msg.offset()}"
+        if self.dead_letters is None:
+            raise SinkError(
+                f"cannot read the message of {where}: {error} (--relay-dead-letter-topic "
+                "sets such messages aside instead of stopping)"
+            )
+        self.dead_letters.put(msg, str(error))
+        self.stats.count_error("dead_letter")
+        log.warning(
+            "the message of %s goes to dead-letter topic %r: %s",
+            where,
+            self.dead_letters.topic,
+            error,
+        )
+
+    def _counted(self, m: Modification) -> None:
+        """Write change `m` and count it."""
+        self.sink.write(m)
+        self.stats.table_changes(m.namespace, m.name)[m.operation] += 1
+        self.relayed += 1
 
     def _write(self, topic: str, value: bytes) -> None:
         """One message's change, after its transaction's checkpoint and its shape's
         Schema record when they are due."""
         sid = schema_id(value)
         if sid is None:
-            self._write_json(topic, value)
+            try:
+                obj = loads(value)
+            except ValueError as e:
+                raise UnreadableError(f"a message is neither Avro nor JSON: {e}") from None
+            if isinstance(obj, dict) and is_event(obj):
+                # again, numbers exact: an event's numbers are numeric columns' values
+                self._write_event(topic, loads(value, exact_numbers=True))
+            else:
+                self._write_json(topic, obj)
             return
         if self.shapes is None:
             raise SinkError(f"topic {topic!r} is Avro: the relay needs --schema-registry-url")
@@ -200,10 +274,20 @@ class Relay:
         if self._shapes.get(table) is not shape:
             self.sink.write(_renamed(shape.schema(m.timestamp, m.lsn), namespace))
             self._shapes[table] = shape
-        self.sink.write(m)
-        self.relayed += 1
+        self._counted(m)
 
-    def _write_json(self, topic: str, value: bytes) -> None:
+    def _write_event(self, topic: str, obj: dict[str, object]) -> None:
+        """A psql-streamer event: its table's Schema record when it is new or grew, then
+        its change."""
+        schema, change = self.events.records(obj)
+        namespace = self.names.namespace(topic, change.namespace, change.name)
+        change = _renamed(change, namespace)
+        self._boundary(topic, change)
+        if schema is not None:
+            self.sink.write(_renamed(schema, namespace))
+        self._counted(change)
+
+    def _write_json(self, topic: str, obj: object) -> None:
         """A JSON line's record: a change after its table's Schema record."""
         if not getattr(self.sink, "writes_json", False):
             raise SinkError(
@@ -211,7 +295,7 @@ class Relay:
                 "into a sink that writes JSON (file, kafka --format json, nats, kinesis), "
                 "or produce Avro (--format avro)"
             )
-        record = json_record(value)
+        record = record_of(obj)
         if isinstance(record, Schema):
             # written before the table's next change, named as that change's topic says
             table = (record.namespace, record.name)
@@ -228,8 +312,7 @@ class Relay:
         if (topic, *table) not in self._written:
             self.sink.write(_renamed(self._schema_of(table), namespace))
             self._written.add((topic, *table))
-        self.sink.write(record)
-        self.relayed += 1
+        self._counted(record)
 
     def _schema_of(self, table: tuple[str, str]) -> Schema:
         """The latest Schema record of `table` in the schema topic (read again when the
@@ -317,6 +400,7 @@ class Relay:
             return
         if error.fatal() or error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
             raise SinkError(f"Kafka consumer failed: {error.str()}")
+        self.stats.replication_down(f"Kafka consumer: {error.str()}")
         log.warning("Kafka consumer: %s", error.str())
 
 

@@ -335,11 +335,12 @@ def test_relay_needs_its_options() -> None:
     assert done.stderr.strip() == "pg2sink: error: pg2sink relay needs --from-kafka SERVERS"
     done = run_cli("relay", "--sink", "null", "--from-kafka", "b:1", "--topics", "(")
     assert done.returncode == 2 and "--topics '(' is no regular expression" in done.stderr
-    done = run_cli("relay", "--sink", "null", "--from-kafka", "b:1", "--topics", "x")
-    assert done.stderr.strip() == (
-        "pg2sink: error: pg2sink relay needs --schema-registry-url (Avro topics) or "
-        "--from-schema-topic (JSON topics)"
-    )
+    done = run_cli(
+        "relay", "--sink", "null", "--from-kafka", "b:1", "--topics", "x",
+        "--relay-primary-key", "users",
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--relay-primary-key: 'users': expected TABLE=COLUMN[,COLUMN...]" in done.stderr
 
 
 def test_relay_help_shows_the_sinks_options() -> None:

@@ -22,10 +22,15 @@ from botocore.exceptions import ClientError
 from tests.conftest import Database, KafkaStack, Pg2Sink, run_cli
 from tests.imports.support import wait_confirmed
 from tests.sinks.kafka.test_kafka import Reader, kafka_args, reader, start
-from tests.sinks.kinesis.test_kinesis import AWS_ENV, create_stream, kinesis_args, read_stream
-from tests.sinks.nats.test_nats import _delete_stream, stored
+from tests.sinks.kinesis.kinesis_support import (
+    AWS_ENV,
+    create_stream,
+    kinesis_args,
+    kinesis_client,
+    read_stream,
+)
+from tests.sinks.nats.nats_support import delete_stream, stored
 from tests.support import FAST
-from tests.test_services import kinesis_client
 
 __all__ = ["reader"]  # the fixture, imported for these tests
 
@@ -156,7 +161,7 @@ def test_outbox_inserts_are_messages_on_nats_subjects(
         assert p.stop() == 0
         got = [(m.subject, m.data) for m in stored(nats_url, topic_prefix)]
     finally:
-        asyncio.run(_delete_stream(nats_url, topic_prefix))
+        asyncio.run(delete_stream(nats_url, topic_prefix))
     placed = f"{topic_prefix}.orders.placed"
     # the orders change as ever (its Schema record, then the change), the outbox's inserts
     assert [(s, d) for s, d in got if s == placed] == [(placed, b"one"), (placed, b"two")]

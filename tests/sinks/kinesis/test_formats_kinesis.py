@@ -12,10 +12,10 @@ import pytest
 from pg2sink.sinks.kinesis.config import KinesisConfig
 from pg2sink.sinks.kinesis.imports import KinesisImportTarget
 from tests.conftest import Database, wait_for
-from tests.sinks.kinesis.test_kinesis import aws_env, create_stream, read_stream, start  # noqa: F401
+from tests.sinks.kinesis.kinesis_support import create_stream, kinesis_client, read_stream, start
+from tests.sinks.kinesis.test_kinesis import aws_env  # noqa: F401 (a fixture)
 from tests.sinks.null.test_null import import_table
 from tests.support import Proc
-from tests.test_services import kinesis_client
 
 
 @pytest.fixture

@@ -51,11 +51,18 @@ from pg2sink.sinks.kinesis.imports import KinesisImportTarget
 from pg2sink.sinks.kinesis.payload import MESSAGES_KEY, Payload
 from pg2sink.sinks.kinesis.sender import Sender
 from pg2sink.sinks.kinesis.sink import KinesisSink
-from tests.conftest import Database, Pg2Sink, run_cli, wait_for
+from tests.conftest import Database, run_cli, wait_for
 from tests.sinks.kafka.test_kafka_health import api_url, status, status_without_slot
+from tests.sinks.kinesis.kinesis_support import (
+    AWS_ENV,
+    create_stream,
+    kinesis_args,
+    kinesis_client,
+    read_stream,
+    start,
+)
 from tests.sinks.null.test_null import import_table
-from tests.support import FAST, Proc, own_server
-from tests.test_services import kinesis_client
+from tests.support import Proc, own_server
 
 if TYPE_CHECKING:
     from mypy_boto3_kinesis import KinesisClient
@@ -64,7 +71,6 @@ if TYPE_CHECKING:
 T = datetime(2026, 11, 24, 4, 30, 0, 123456, tzinfo=UTC)
 #: kinesalite's dummy credentials; their secret key is no word of pg2sink's log lines (the
 #: sink redacts the secret key wherever it appears)
-AWS_ENV = services.KINESIS_CLIENT_ENV
 
 
 # --- PutRecords responses as the AWS API reference shows them ---------------------------
@@ -233,33 +239,6 @@ def test_marks_acknowledge_only_checkpoints_whose_entries_are_stored() -> None:
 
 
 # --- kinesalite ----------------------------------------------------------------------------
-
-
-def create_stream(client: KinesisClient, name: str, shards: int) -> None:
-    client.create_stream(StreamName=name, ShardCount=shards)
-
-    def active() -> bool:
-        summary = client.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]
-        return summary["StreamStatus"] == "ACTIVE"
-
-    wait_for(active, 10, f"stream {name} to be ACTIVE")
-
-
-def read_stream(client: KinesisClient, name: str) -> list[tuple[str, str, bytes]]:
-    """Every record of every shard, from the start: (shard, partition key, data), each
-    shard's in its order."""
-    out = []
-    for shard in client.list_shards(StreamName=name)["Shards"]:
-        iterator = client.get_shard_iterator(
-            StreamName=name, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
-        )["ShardIterator"]
-        while True:
-            got = client.get_records(ShardIterator=iterator, Limit=10000)
-            out += [(shard["ShardId"], r["PartitionKey"], r["Data"]) for r in got["Records"]]
-            if not got["Records"] or got.get("MillisBehindLatest", 0) == 0:
-                break
-            iterator = got["NextShardIterator"]
-    return out
 
 
 @pytest.fixture
@@ -528,25 +507,6 @@ def test_a_queue_full_for_too_long_is_dropped_for_a_replay(
 
 
 # --- through the CLI -------------------------------------------------------------------------
-
-
-def kinesis_args(endpoint: str, stream: str, *extra: str) -> list[str]:
-    return [
-        "--sink",
-        "kinesis",
-        "--kinesis-stream",
-        stream,
-        "--kinesis-endpoint",
-        endpoint,
-        *FAST,
-        *extra,
-    ]
-
-
-def start(proc: Proc, endpoint: str, stream: str, *extra: str) -> Pg2Sink:
-    p = proc(*kinesis_args(endpoint, stream, *extra), env=dict(AWS_ENV)).start()
-    p.wait_streaming()
-    return p
 
 
 @pytest.mark.slow

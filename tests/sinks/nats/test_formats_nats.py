@@ -15,7 +15,7 @@ from pg2sink.formats.config import Formatting
 from pg2sink.sinks.nats.config import NatsConfig
 from pg2sink.sinks.nats.imports import NatsImportTarget
 from tests.conftest import Database, wait_for
-from tests.sinks.nats.test_nats import _delete_stream, start, stored
+from tests.sinks.nats.nats_support import delete_stream, start, stored
 from tests.sinks.null.test_null import import_table
 from tests.support import Proc
 
@@ -73,7 +73,7 @@ def test_wal_listener_events_on_the_subjects(
         wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= written, 30, "the slot to pass them")
         assert p.stop() == 0
     finally:
-        asyncio.run(_delete_stream(nats_url, topic_prefix))
+        asyncio.run(delete_stream(nats_url, topic_prefix))
 
 
 def test_a_format_the_sink_does_not_take_is_one_line_exit_2() -> None:
@@ -110,4 +110,4 @@ def test_imported_rows_in_a_seed_format(nats_url: str, topic_prefix: str) -> Non
         assert (event["Host"], event["Database"], event["Table"]) == ("db1", "app", "t")
         assert (event["Action"], event["Columns"]) == ("insert", {"id": 1, "v": "a"})
     finally:
-        asyncio.run(_delete_stream(nats_url, topic_prefix))
+        asyncio.run(delete_stream(nats_url, topic_prefix))

@@ -14,11 +14,9 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote
 
 import nats
@@ -26,7 +24,6 @@ import nats.js.errors
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
 import services
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from pg2sink.catalog.types import PgType
 from pg2sink.changelog.batches import ImportTable
@@ -41,7 +38,6 @@ from pg2sink.changelog.records import (
 )
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import SinkError, SinkUnavailableError
-from pg2sink.formats.jsonenc import loads
 from pg2sink.formats.jsonlines import record_line
 from pg2sink.imports import jobs
 from pg2sink.imports.spark import ImportTask, SparkRunner
@@ -53,10 +49,11 @@ from pg2sink.sinks.nats.imports import NatsImportTarget
 from pg2sink.sinks.nats.sink import NatsSink
 from pg2sink.sinks.nats.subjects import escape, table_subject
 from pg2sink.sinks.nats.wire import AckClient, ack_error, msg_id_header
-from tests.conftest import Database, Pg2Sink, run_cli, wait_for
+from tests.conftest import Database, run_cli, wait_for
 from tests.imports.test_spark import INTERNAL, check_rows, expected_rows, fill_table, prepare_job
 from tests.sinks.kafka.test_kafka_health import api_url, status, status_without_slot
-from tests.support import FAST, Proc, own_server
+from tests.sinks.nats.nats_support import Stored, delete_stream, start, stored
+from tests.support import Proc, own_server
 
 T = datetime(2026, 11, 24, 4, 20, 0, 123456, tzinfo=UTC)
 
@@ -216,54 +213,6 @@ def test_secrets_never_appear_in_errors_or_help() -> None:
 # --- the sink against the server ---------------------------------------------------------
 
 
-@dataclass
-class Stored:
-    """One message as JetStream stored it."""
-
-    subject: str
-    data: bytes
-    headers: dict[str, str]
-
-    @property
-    def value(self) -> Any:
-        return loads(self.data, exact_numbers=True)
-
-
-async def _stored(url: str, stream: str) -> list[Stored]:
-    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
-    try:
-        js = nc.jetstream(timeout=5)
-        total = (await js.stream_info(stream)).state.messages
-        out: list[Stored] = []
-        if not total:
-            return out
-        # an ephemeral pull consumer of the whole stream: a thousand messages a request
-        config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
-        sub = await js.pull_subscribe(">", stream=stream, config=config)
-        while len(out) < total:
-            for m in await sub.fetch(min(1000, total - len(out)), timeout=10):
-                out.append(Stored(m.subject, m.data, dict(m.headers or {})))
-        await sub.unsubscribe()
-        return out
-    finally:
-        await nc.close()
-
-
-def stored(url: str, stream: str) -> list[Stored]:
-    """Every message of `stream`, in stream order."""
-    return asyncio.run(_stored(url, stream))
-
-
-async def _delete_stream(url: str, stream: str) -> None:
-    """Delete `stream` (streams outlive a test); a missing one is fine."""
-    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
-    try:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await nc.jetstream(timeout=5).delete_stream(stream)
-    finally:
-        await nc.close()
-
-
 @contextlib.contextmanager
 def opened(cfg: NatsConfig) -> Iterator[NatsSink]:
     """A NatsSink, opened (connected, its stream made sure of), closed at the end."""
@@ -296,7 +245,7 @@ def change(i: int, name: str = "t", op: Operation = Operation.INSERT) -> Modific
 def nats_cfg(nats_url: str, topic_prefix: str) -> Iterator[NatsConfig]:
     cfg = NatsConfig(nats_url=nats_url, nats_subject_prefix=topic_prefix)
     yield cfg
-    asyncio.run(_delete_stream(nats_url, cfg.stream))
+    asyncio.run(delete_stream(nats_url, cfg.stream))
 
 
 def test_records_arrive_on_their_subjects_with_their_lines(
@@ -417,7 +366,7 @@ def test_a_deleted_stream_is_an_error_and_confirms_nothing_after_it(
         sink.write(change(1))
         sink.checkpoint(1100)
         assert sink.flush() == 1100
-        asyncio.run(_delete_stream(nats_url, nats_cfg.stream))
+        asyncio.run(delete_stream(nats_url, nats_cfg.stream))
         sink.write(change(2))
         sink.checkpoint(1200)
         with pytest.raises(SinkError, match="no JetStream stream holds the subjects") as err:
@@ -551,16 +500,6 @@ def test_writes_wait_for_room_when_every_transaction_asks_for_acknowledgements(
 
 
 # --- end to end through the CLI ----------------------------------------------------------
-
-
-def nats_args(url: str, prefix: str, *extra: str) -> list[str]:
-    return ["--sink", "nats", "--nats-url", url, "--nats-subject-prefix", prefix, *FAST, *extra]
-
-
-def start(proc: Proc, url: str, prefix: str, *extra: str) -> Pg2Sink:
-    p = proc(*nats_args(url, prefix, *extra)).start()
-    p.wait_streaming()
-    return p
 
 
 @pytest.mark.slow

@@ -14,12 +14,12 @@ from typing import Any
 from pg2sink.sinks.nats.config import DEFAULT_URL, NatsConfig
 from pg2sink.sinks.nats.context import NatsContext
 from tests.conftest import Database, run_cli, wait_for
+from tests.sinks.nats.nats_support import stored
 from tests.sinks.nats.test_nats import (
     NO_SERVER,
     PASSWORD,
     PasswordNats,
     password_nats,  # noqa: F401 (a fixture)
-    stored,
 )
 from tests.support import FAST, Proc
 
