@@ -95,25 +95,29 @@ def wal_listener_consumer(url: str, subject: str, count: int) -> list[Stored]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dot", ["", "."])
 def test_wal_listener_events_on_wal_listener_subjects(
-    db: Database, pg2sink_proc: Proc, nats_url: str, topic_prefix: str
+    db: Database, pg2sink_proc: Proc, nats_url: str, topic_prefix: str, dot: str
 ) -> None:
     """A consumer subscribed as wal-listener's were, to `<prefix><schema>_<table>`, reads
     the events byte for byte as wal-listener marshalled them, and no Schema record is
-    published anywhere in the stream."""
+    published anywhere in the stream. A prefix `pre` gives `prepublic_users`, outside
+    the stream's `pre.>` (added to the stream's subjects); `pre.` gives
+    `pre.public_users`, inside it."""
+    prefix, stream = topic_prefix + dot, topic_prefix + dot.replace(".", "_")
     conn = db.connect()
     conn.execute(
         "CREATE TABLE users "
         "(id int primary key, name text, active bool, n bigint, seen timestamptz)"
     )
-    p = start(pg2sink_proc, nats_url, topic_prefix, "--format", "wal-listener")
+    p = start(pg2sink_proc, nats_url, prefix, "--format", "wal-listener")
     seen = datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)
     conn.execute("INSERT INTO users VALUES (1, 'ada', true, 7, %s)", (seen,))
     conn.execute("UPDATE users SET name = 'ada lovelace', active = NULL WHERE id = 1")
     conn.execute("DELETE FROM users WHERE id = 1")
     conn.execute("TRUNCATE users")
     written = db.current_lsn()
-    subject = f"{topic_prefix}public_users"  # wal-listener's: topicPrefix + schema_table
+    subject = f"{prefix}public_users"  # wal-listener's: topicPrefix + schema_table
     try:
         got = wal_listener_consumer(nats_url, subject, 4)
         assert [m.subject for m in got] == [subject] * 4
@@ -121,14 +125,16 @@ def test_wal_listener_events_on_wal_listener_subjects(
             assert m.data == as_wal_listener_marshals(m.data, template)
         assert len({m.data[7:43] for m in got}) == 4  # a uuid of each change
         # the stream holds these four and nothing else: no Schema record
-        assert [(m.subject, m.data) for m in stored(nats_url, topic_prefix)] == [
+        assert [(m.subject, m.data) for m in stored(nats_url, stream)] == [
             (m.subject, m.data) for m in got
         ]
         wait_for(lambda: (db.slot_confirmed_lsn() or 0) >= written, 30, "the slot to pass them")
         assert p.stop() == 0
         assert "Schema records are not published" in p.stderr()
+        added = f"JetStream stream {stream} now holds subject {subject}"
+        assert (added in p.stderr()) == (dot == "")
     finally:
-        asyncio.run(_delete_stream(nats_url, topic_prefix))
+        asyncio.run(_delete_stream(nats_url, stream))
 
 
 def test_wal_listener_subjects_and_the_stream_filters_that_hold_them() -> None:
