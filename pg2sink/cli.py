@@ -153,11 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_options(replay, _STREAM, _STREAM_GROUPS)
     config = sub.add_parser(
         "config",
-        help="check a configuration file, or show the effective settings, then exit",
+        help="check a configuration file, show the effective settings, or convert a "
+        "psql-streamer or wal-listener file, then exit",
         description="`config check FILE`: read FILE (TOML) and check every setting as "
         "`pg2sink stream` would, without connecting. `config show [OPTIONS]`: print the "
         "settings `pg2sink stream` would run with (--config's file, PG2SINK_ variables, "
-        "flags), secrets hidden (docs/configuration.md).",
+        "flags), secrets hidden. `config convert FILE`: print psql-streamer's TOML or "
+        "wal-listener's config.yml as pg2sink configurations (docs/configuration.md).",
     )
     actions = config.add_subparsers(dest="config_action", required=True, metavar="ACTION")
     check = actions.add_parser("check", help="check FILE without connecting")
@@ -165,6 +167,17 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_options(check, _LOGGING, list(Group))
     show = actions.add_parser("show", help="print the effective settings, secrets hidden")
     options.add_options(show, _STREAM, _STREAM_GROUPS)
+    convert = actions.add_parser(
+        "convert",
+        help="print psql-streamer's or wal-listener's FILE as pg2sink configurations",
+    )
+    convert.add_argument("file", metavar="FILE", help="psql-streamer's TOML or wal-listener's YAML")
+    convert.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="write each configuration to DIR/NAME.toml (one per source and sink) instead",
+    )
+    options.add_options(convert, _LOGGING, list(Group))
     _add_source_commands(sub)
     relay_command.add_parser(sub, _SINKS, _SINK_GROUPS, _LOGGING)
     return parser

@@ -10,6 +10,7 @@ import     status.py    a table's import requested again, or the import jobs lis
 migrate    migrate.py   the internal schema created or upgraded
 drop       drop.py      the slot, the publication and the DDL trigger dropped
 config     config.py    a configuration file checked, or the effective settings shown
+           convert.py   (config convert) psql-streamer's or wal-listener's file converted
 
 A command's module is imported when it runs, so that `pg2sink status` does not load
 the stream's modules.

@@ -1,6 +1,7 @@
 """`pg2sink config check FILE` and `pg2sink config show`: a configuration file checked
 as `pg2sink stream` would check it, without connecting; the effective settings printed
-as TOML with where each comes from, secrets hidden (docs/configuration.md)."""
+as TOML with where each comes from, secrets hidden (docs/configuration.md).
+`pg2sink config convert FILE` runs convert.py (a seed tool's file converted)."""
 
 from __future__ import annotations
 
@@ -93,4 +94,8 @@ def _pipelines(
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.config_action == "convert":
+        from pg2sink.commands.convert import convert
+
+        return convert(args.file, args.output_dir)
     return config_command(args, parser, _stream_config)

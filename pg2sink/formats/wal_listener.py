@@ -1,25 +1,28 @@
 """wal-listener's event (--format wal-listener), as its NATS publisher wrote it.
 
-Derived from wal-listener's code at the pgoutput version the seed describes
-(github.com/ihippik/wal-listener, commit af9ed41, listener/nats_publisher.go and
-listener/wal_transaction.go): the Event struct with its easyjson tags, in this order:
+Derived from wal-listener's code at the version the seed's README describes
+(github.com/ihippik/wal-listener, 261cd6e, January 2021: NATS Streaming, the publication
+`wal-listener`; the event is unchanged since af9ed41 but for NULL, below):
+listener/nats_publisher.go's Event struct with its easyjson tags, in this order:
 
     {"id":"<uuid>","schema":"public","table":"users","action":"INSERT",
      "data":{"id":1,"name":"Ann"},"commitTime":"2024-05-01T10:00:00.123456Z"}
 
 - action: INSERT, UPDATE, DELETE (ActionKind); data: the new row, the old one (key, or
   the whole row with REPLICA IDENTITY FULL) for DELETE.
-- data values (Column.AssertValue): bool a JSON boolean, int4 a JSON number, every
-  other type a string, the value's text (base.pg_text: PostgreSQL's own for numbers,
-  text, dates, timestamps, bytea; base.pg_array_text: array_out's for arrays, `{a,NULL}`;
-  ISO 8601 for intervals).
+- data values (listener/wal_transaction.go, Column.AssertValue): bool a JSON boolean,
+  int4 a JSON number, NULL null, every other type a string, the value's text
+  (base.pg_text: PostgreSQL's own for numbers, text, dates, timestamps, bytea;
+  base.pg_array_text: array_out's for arrays, `{a,NULL}`; ISO 8601 for intervals).
 - commitTime: the transaction's commit time as Go writes a time.Time (gotime.go_time).
+- subject (Event.GetSubjectName): `<topicPrefix><schema>_<table>`, the prefix and the
+  schema with nothing between them (`subject`).
 
 Where pg2sink differs, on purpose (docs/formats.md): id is a name-based UUID of the
-change (the same after a replay) instead of a random one; a NULL is null (wal-listener
-wrote the type's zero value: "", 0, false); an unchanged TOASTed value is left out of
-data (wal-listener wrote ""); TRUNCATE is sent, with empty data (wal-listener stopped
-on it); imported rows are INSERTs.
+change (the same after a replay) instead of a random one; an unchanged TOASTed value is
+left out of data (wal-listener wrote null, as for a NULL); TRUNCATE is sent, with empty
+data (wal-listener logged an unknown message type and sent nothing); imported rows are
+INSERTs.
 """
 
 from __future__ import annotations
@@ -41,12 +44,18 @@ from pg2sink.formats.gotime import go_time, message_uuid
 from pg2sink.formats.jsonenc import dumps
 from pg2sink.logical.messages import UnchangedToast
 
-__all__ = ["WalListenerEncoder", "action"]
+__all__ = ["WalListenerEncoder", "action", "subject"]
 
 
 def action(m: Modification) -> str:
     """wal-listener's ActionKind of a change (an imported row is an INSERT)."""
     return "INSERT" if m.operation is Operation.IMPORT else str(m.operation)
+
+
+def subject(prefix: str, schema: str, table: str) -> str:
+    """wal-listener's subject of a table's events: its topicPrefix, the schema, `_`, the
+    table (`pre`, `public`, `users`: `prepublic_users`)."""
+    return f"{prefix}{schema}_{table}"
 
 
 def data_row(m: Modification) -> Mapping[str, object] | None:

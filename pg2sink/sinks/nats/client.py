@@ -46,14 +46,13 @@ from operator import add
 from typing import Any, TypeVar
 
 import nats.errors
-import nats.js.errors
 from nats.aio.client import Client
-from nats.js.api import StorageType, StreamConfig
 
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.retry import Backoff
 from pg2sink.sinks.delivery import Outages, Sent
 from pg2sink.sinks.nats.config import NatsConfig, shown_url
+from pg2sink.sinks.nats.subjects import add_subject, covers, ensure_stream
 from pg2sink.sinks.nats.wire import AckClient, Outgoing, ack_error, frames
 
 log = logging.getLogger(__name__)
@@ -128,6 +127,10 @@ class Publisher:
         #: drop_connection() closed, one replaced since) is no news
         self._connection: object = None
         self._last_error = "no answer"
+        #: the subjects the stream is created with: `PREFIX.>` and those `cover` added
+        self._subjects = [f"{cfg.nats_subject_prefix.removesuffix('.')}.>"]
+        #: the stream's subjects as last read or set (written whole by the loop thread)
+        self.stream_subjects: tuple[str, ...] = ()
 
     @property
     def away_since(self) -> float | None:
@@ -151,6 +154,20 @@ class Publisher:
         if not self._woken:
             self._woken = True
             self._loop.call_soon_threadsafe(self._take_submitted)
+
+    def cover(self, subject: str) -> None:
+        """Make sure the stream holds `subject`, adding it to the stream's subjects when
+        none matches it (--format wal-listener's subjects outside `PREFIX.>`); SinkError
+        naming why not, SinkUnavailableError while the server is away."""
+        if covers(self.stream_subjects, subject):
+            return
+        what = f"add subject {subject} to stream {self.cfg.stream}"
+        try:
+            self._call(self._add_subject(subject), CONNECT_WAIT, what)
+        except SinkError as e:
+            if self.away_since is None:
+                raise
+            raise SinkUnavailableError(str(e)) from None
 
     def drop_connection(self) -> None:
         """Replace the connection, as if it had been lost (the sink waited too long for
@@ -256,31 +273,17 @@ class Publisher:
         return nc
 
     async def _ensure_stream(self, nc: Client) -> None:
-        """Create the stream covering `<prefix>.>` unless a stream of its name exists."""
-        cfg = self.cfg
+        """Create the stream unless a stream of its name exists (subjects.py)."""
         js = nc.jetstream(timeout=CONNECT_WAIT / 2)
-        try:
-            info = await js.stream_info(cfg.stream)
-        except nats.js.errors.NotFoundError:
-            pass
-        else:
-            subjects = ", ".join(info.config.subjects or ())
-            log.debug("JetStream stream %s holds %s", cfg.stream, subjects)
-            return
-        await js.add_stream(
-            StreamConfig(
-                name=cfg.stream,
-                subjects=[f"{cfg.nats_subject_prefix}.>"],
-                storage=StorageType.FILE,
-                duplicate_window=cfg.nats_duplicate_window,
-            )
-        )
-        log.info(
-            "created JetStream stream %s for %s.> (duplicate window %gs)",
-            cfg.stream,
-            cfg.nats_subject_prefix,
-            cfg.nats_duplicate_window,
-        )
+        self.stream_subjects = await ensure_stream(js, self.cfg, self._subjects)
+
+    async def _add_subject(self, subject: str) -> None:
+        """`cover` on the loop."""
+        if self._nc is None or not self._nc.is_connected:
+            raise SinkError(f"NATS at {self.url} is away: cannot add subject {subject}")
+        js = self._nc.jetstream(timeout=CONNECT_WAIT / 2)
+        self.stream_subjects = await add_subject(js, self.cfg.stream, subject)
+        self._subjects.append(subject)
 
     async def _close(self) -> None:
         """Close the connection, then end every task left (nats-py's subscription

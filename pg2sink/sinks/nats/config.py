@@ -64,7 +64,9 @@ class NatsConfig:
         "pg2sink",
         group=GROUP,
         help="a table's changes go to PREFIX.<schema>.<table>, its Schema records to "
-        "PREFIX.<schema>.<table>.schema, messages (--messages) to PREFIX.messages",
+        "PREFIX.<schema>.<table>.schema, messages (--messages) to PREFIX.messages; with "
+        "--format wal-listener, wal-listener's topicPrefix: a table's events go to "
+        "PREFIX<schema>_<table> and no Schema record is sent",
         metavar="PREFIX",
         parse=str.strip,
     )
@@ -155,7 +157,10 @@ class NatsConfig:
     def check(self) -> None:
         """ConfigError for what can be checked without a server (the CLI calls it)."""
         prefix = self.nats_subject_prefix
-        problem = subject_problem(prefix)
+        # wal-listener's subjects follow the prefix with no '.' of their own
+        problem = subject_problem(
+            prefix.removesuffix(".") if self.format == "wal-listener" else prefix
+        )
         if problem:
             raise ConfigError(f"invalid --nats-subject-prefix {prefix!r}: {problem}")
         if _NOT_IN_STREAM.search(self.stream):

@@ -1,12 +1,16 @@
 """The NATS JetStream sink: one message per record, confirmed only once JetStream
 acknowledged it and everything before it.
 
-Per record (subjects and message ids: subjects.py; payloads: payload.py):
-- Modification: the JSON line of the change to `<prefix>.<schema>.<table>`. With the
-  default --format json an Insert's or Update's new row comes through the sink's
-  RowWriter (sinks.base.WritesRows) without a Modification record, as in the file sink.
+Per record (subjects and message ids: subjects.py; payloads and the subject of each
+format: formats/nats.py):
+- Modification: the JSON line of the change to `<prefix>.<schema>.<table>` (--format
+  wal-listener: its event to `<prefix><schema>_<table>`). With the default --format json
+  an Insert's or Update's new row comes through the sink's RowWriter
+  (sinks.base.WritesRows) without a Modification record, as in the file sink.
 - Schema: its JSON line to `<prefix>.<schema>.<table>.schema` (not with imports' rows:
-  the import's driver published it once).
+  the import's driver published it once; not with --format wal-listener, whose subjects
+  carry wal-listener's events only). A table subject the stream does not hold is added
+  to it first (client.py `cover`).
 - Message (--messages): its JSON line to `<prefix>.messages`.
 Each message has a Nats-Msg-Id, so JetStream stores a message replayed within the
 stream's duplicate window once.
@@ -50,7 +54,7 @@ from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.formats.base import Origin
 from pg2sink.formats.jsonenc import dumps
 from pg2sink.formats.jsonlines import NewRowLines
-from pg2sink.formats.nats import FormatPayload, JsonPayload, Payload
+from pg2sink.formats.nats import JsonPayload, Payload, format_payload
 from pg2sink.formats.registry import encoder
 from pg2sink.options import format_duration
 from pg2sink.sinks.delivery.outbox import Outbox
@@ -87,8 +91,8 @@ class _Table:
 
     __slots__ = ("change_header", "key", "schema_subject", "subject")
 
-    def __init__(self, prefix: str, schema: Schema) -> None:
-        self.subject = table_subject(prefix, schema.namespace, schema.name).encode()
+    def __init__(self, prefix: str, schema: Schema, payload: Payload) -> None:
+        self.subject = table_subject(payload, prefix, schema.namespace, schema.name).encode()
         self.schema_subject = self.subject + b".schema"
         #: a change's header block from its (LSN, sequence): `_CHANGE_HEADER` with the
         #: subject already in (a 2-field formatting per change instead of 3)
@@ -111,7 +115,9 @@ class NatsSink(Outbox[Outgoing]):
         super().__init__(BATCH, MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES)
         self.cfg = cfg
         self._payload = payload or payload_for(cfg)
-        self._schemas = schemas
+        self._schemas = schemas and self._payload.schema_records
+        #: the format publishes no Schema record where the stream's would: said at open
+        self._no_schemas_note = schemas and not self._schemas
         self._publisher: Publisher | None = None
         self._tables: dict[tuple[str, str], _Table] = {}
         self._messages_subject = f"{cfg.nats_subject_prefix}.{MESSAGES}".encode()
@@ -127,6 +133,12 @@ class NatsSink(Outbox[Outgoing]):
             publisher.stop()
             raise
         self.client = self._publisher = publisher
+        if self._no_schemas_note:
+            log.info(
+                "--format %s: Schema records are not published (its subjects carry the "
+                "tool's own events only)",
+                self.cfg.format,
+            )
 
     def report_health(self, stats: StreamStats) -> None:
         """Tell `stats` when the connection to NATS is lost and when it is back (GET
@@ -177,7 +189,9 @@ class NatsSink(Outbox[Outgoing]):
             self.put((subject, payload, _header(record.lsn, subject)), len(payload))
         else:
             assert isinstance(record, Schema)
-            table = _Table(self.cfg.nats_subject_prefix, record)
+            table = _Table(self.cfg.nats_subject_prefix, record, self._payload)
+            if self._publisher is not None:
+                self._publisher.cover(table.subject.decode())
             self._payload.learn(record)
             self._tables[(record.namespace, record.name)] = table
             if self._schemas:
@@ -231,7 +245,8 @@ class NatsSink(Outbox[Outgoing]):
         problem = subject_problem(destination)
         if problem:
             raise SinkError(f"outbox destination {destination!r} at LSN {lsn}: {problem}")
-        subject = f"{self.cfg.nats_subject_prefix}.{destination}".encode()
+        prefix = self.cfg.nats_subject_prefix.removesuffix(".")  # wal-listener's may end in .
+        subject = f"{prefix}.{destination}".encode()
         self.put((subject, value, _header(lsn, subject)), len(value))
 
     # -- acknowledgement (the rest: Outbox) --------------------------------------------
@@ -300,4 +315,4 @@ def payload_for(cfg: NatsConfig) -> Payload:
         return JsonPayload()
     f = cfg.formatting
     origin = Origin(f.host, f.database, cfg.nats_subject_prefix)
-    return FormatPayload(encoder(cfg.format, origin, f.debezium_schemas))
+    return format_payload(cfg.format, encoder(cfg.format, origin, f.debezium_schemas))

@@ -1,11 +1,18 @@
 """Subjects and message ids: where each record goes, and how JetStream spots a repeat.
 
-Subjects (as wal-listener: the prefix, then the schema and the table):
+Subjects (the prefix, then the schema and the table; the format's rule,
+formats/nats.py):
 
     <prefix>.<schema>.<table>          a table's changes (INSERT, UPDATE, DELETE, TRUNCATE,
                                        IMPORT)
     <prefix>.<schema>.<table>.schema   the table's Schema records
     <prefix>.messages                  logical decoding messages (--messages)
+    <prefix><schema>_<table>           --format wal-listener: a table's events, as
+                                       wal-listener named them (no Schema records)
+
+The stream pg2sink creates holds `<prefix>.>` (`ensure_stream`); a table subject outside
+it (wal-listener's with a prefix not ending in '.') is added to the stream's subjects
+before the table's first message (`add_subject`, from client.py's `cover`).
 
 A subject's tokens are separated by '.', and '*' and '>' are wildcards, so a name
 holding them (or whitespace, which ends a subject in the protocol) is escaped: each such
@@ -37,9 +44,20 @@ id: nothing tells two equal rows apart, so a retried import partition may repeat
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Iterable
 
-__all__ = ["MESSAGES", "escape", "table_subject"]
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import StorageType, StreamConfig
+
+from pg2sink.formats.nats import Payload
+from pg2sink.sinks.nats.config import NatsConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MESSAGES", "add_subject", "covers", "ensure_stream", "escape", "table_subject"]
 
 #: the messages subject's last token
 MESSAGES = "messages"
@@ -57,6 +75,64 @@ def escape(name: str) -> str:
     return _ESCAPED.sub(_hex, name)
 
 
-def table_subject(prefix: str, namespace: str, name: str) -> str:
-    """`<prefix>.<schema>.<table>`, the names escaped."""
-    return f"{prefix}.{escape(namespace)}.{escape(name)}"
+def table_subject(payload: Payload, prefix: str, namespace: str, name: str) -> str:
+    """The subject of a table's changes in `payload`'s format, the names escaped."""
+    return payload.subject(prefix, escape(namespace), escape(name))
+
+
+def covers(filters: Iterable[str], subject: str) -> bool:
+    """Whether one of the subject filters (`*` one token, `>` one or more at the end)
+    matches `subject`."""
+    tokens = subject.split(".")
+    for f in filters:
+        parts = f.split(".")
+        if parts[-1] == ">":  # the tokens before it, and at least one more
+            parts.pop()
+            if len(tokens) <= len(parts):
+                continue
+        elif len(parts) != len(tokens):
+            continue
+        if all(p in ("*", t) for p, t in zip(parts, tokens, strict=False)):
+            return True
+    return False
+
+
+async def ensure_stream(
+    js: JetStreamContext, cfg: NatsConfig, subjects: list[str]
+) -> tuple[str, ...]:
+    """The subjects of the stream cfg.stream, which is created with `subjects` (file
+    storage, --nats-duplicate-window) unless a stream of its name exists."""
+    try:
+        info = await js.stream_info(cfg.stream)
+    except nats.js.errors.NotFoundError:
+        pass
+    else:
+        held = tuple(info.config.subjects or ())
+        log.debug("JetStream stream %s holds %s", cfg.stream, ", ".join(held))
+        return held
+    await js.add_stream(
+        StreamConfig(
+            name=cfg.stream,
+            subjects=list(subjects),
+            storage=StorageType.FILE,
+            duplicate_window=cfg.nats_duplicate_window,
+        )
+    )
+    log.info(
+        "created JetStream stream %s for %s (duplicate window %gs)",
+        cfg.stream,
+        ", ".join(subjects),
+        cfg.nats_duplicate_window,
+    )
+    return tuple(subjects)
+
+
+async def add_subject(js: JetStreamContext, stream: str, subject: str) -> tuple[str, ...]:
+    """The stream's subjects, read again, with `subject` added unless one holds it."""
+    config = (await js.stream_info(stream)).config
+    subjects = list(config.subjects or ())
+    if not covers(subjects, subject):
+        config.subjects = [*subjects, subject]
+        await js.update_stream(config)
+        log.info("JetStream stream %s now holds subject %s", stream, subject)
+    return tuple(config.subjects or ())

@@ -39,6 +39,7 @@ from pg2sink.changelog.records import (
 from pg2sink.changelog.typemap import RowColumn, avro_row_schema, codec_for
 from pg2sink.errors import SinkError, SinkUnavailableError
 from pg2sink.formats.jsonlines import record_line
+from pg2sink.formats.nats import JsonPayload
 from pg2sink.imports import jobs
 from pg2sink.imports.spark import ImportTask, SparkRunner
 from pg2sink.logical import encode
@@ -69,13 +70,13 @@ def test_names_are_escaped_injectively_into_one_token() -> None:
     assert len(set(tokens)) == len(names)  # '%2E' the name and '.' the name differ
     for name, token in zip(names, tokens, strict=True):
         assert not any(c in token for c in ". *>\t") and unquote(token) == name
-    assert table_subject("pg.x", "my schema", "t.1") == "pg.x.my%20schema.t%2E1"
+    assert table_subject(JsonPayload(), "pg.x", "my schema", "t.1") == "pg.x.my%20schema.t%2E1"
 
 
 def test_a_changes_message_id_is_lsn_sequence_and_subject_with_any_name() -> None:
     """The header block made per table once (a subject with '%' escapes in it)."""
     for name in ("t", "50%", "my.t%2E"):
-        table = nats_sink._Table("p%d", table_schema(name))
+        table = nats_sink._Table("p%d", table_schema(name), JsonPayload())
         assert table.subject.startswith(b"p%d.public.")  # a '%' of its own: not a format
         header = table.change_header % (16777216, 3)
         assert header == msg_id_header(b"16777216:3:" + table.subject)
