@@ -18,8 +18,8 @@ import yaml
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.conftest import REPO, Database, Pg2Sink, clean_env, run_cli, wait_for
-from tests.sinks.nats.test_formats_nats import wal_listener_consumer
 from tests.sinks.nats.nats_support import delete_stream, stored
+from tests.sinks.nats.test_formats_nats import wal_listener_consumer
 
 FIXTURES = REPO / "tests" / "fixtures"
 
