@@ -366,6 +366,7 @@ def clean_env(**extra: str) -> dict[str, str]:
         if not k.startswith(("PG", "PG2SINK_")) or k == "PG2SINK_IMPL"
     }
     env["PG2SINK_METRICS_ADDRESS"] = "127.0.0.1:0"
+    env["PG2SINK_RELAY_METRICS_ADDRESS"] = "127.0.0.1:0"
     env["PG2SINK_NO_IMPORTS"] = "1"
     env["PG2SINK_SPARK_CLASS_CACHE"] = "off"
     env.update(extra)

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 _SINK = options.options_of(StreamConfig, groups=[Group.SINK], omit=["decode_only"])
 #: --http-token-file, --http-tls-cert, --http-tls-key as the stream has them (the relay's
-#: --metrics-address is its own: another default port)
+#: --relay-metrics-address is its own: another default port)
 _HTTP = options.options_of(StreamConfig, groups=[Group.OBSERVABILITY], omit=["metrics_address"])
 
 

@@ -31,10 +31,8 @@ from __future__ import annotations
 import hmac
 import logging
 import socket
-import ssl
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -46,6 +44,7 @@ import orjson
 from pg2sink import __version__, options
 from pg2sink.errors import ConfigError
 from pg2sink.logical.lsn import format_lsn
+from pg2sink.observability.access import Access, load_access
 from pg2sink.observability.stats import StreamStats
 
 if TYPE_CHECKING:
@@ -67,41 +66,6 @@ log = logging.getLogger(__name__)
 DEFAULT_ADDRESS = "127.0.0.1:9525"
 
 _JSON = "application/json"
-
-
-@dataclass(frozen=True)
-class Access:
-    """Who may use the HTTP API and how it is served."""
-
-    token: str | None = None
-    """Required as `Authorization: Bearer TOKEN` on every endpoint but /health; None: none."""
-    tls: ssl.SSLContext | None = None
-    """Serve over TLS with this context; None: plain HTTP."""
-
-
-def load_access(token_file: str | None, cert: str | None, key: str | None) -> Access:
-    """The Access of --http-token-file, --http-tls-cert and --http-tls-key; ValueError
-    naming the option for a file that cannot be used (never quoting the token)."""
-    token = None
-    if token_file is not None:
-        try:
-            with open(token_file, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as e:
-            raise ValueError(f"--http-token-file {token_file}: {e.strerror}") from None
-        if not token:
-            raise ValueError(f"--http-token-file {token_file} is empty")
-    if (cert is None) != (key is None):
-        raise ValueError("--http-tls-cert and --http-tls-key go together")
-    tls = None
-    if cert is not None and key is not None:
-        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        try:
-            tls.load_cert_chain(cert, key)
-        except (OSError, ssl.SSLError) as e:
-            what = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise ValueError(f"--http-tls-cert {cert} / --http-tls-key {key}: {what}") from None
-    return Access(token, tls)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -465,7 +429,7 @@ def start_http_server(
     *,
     registry: CollectorRegistry | None = None,
     redact: Callable[[str], str] = lambda text: text,
-    access: Access = Access(),
+    access: Access | None = None,
 ) -> Server:
     """Serve /health, /status, /stats and /metrics for `stats` on `address` (HOST:PORT):
     one pipeline's, or several pipelines' by name.
@@ -480,6 +444,7 @@ def start_http_server(
         address_family = family
 
     httpd = Bound((host, port), _Handler)
+    access = access if access is not None else Access()
     httpd.app = _App(stats, registry, redact, access)
     if access.tls is not None:
         # the handshake on the first read, in the request's thread: a slow or plain-HTTP

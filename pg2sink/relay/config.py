@@ -104,7 +104,6 @@ class RelayConfig:
         help="HOST:PORT serving the relay's /health, /status, /stats and Prometheus "
         "/metrics (the stream's default port plus one, so both run side by side; port 0: "
         "any free port; 'off': no listener)",
-        names=("--metrics-address",),
         metavar="HOST:PORT",
     )
     relay_batch_size: int = flag(
