@@ -21,7 +21,8 @@ writes in JSON) translated by AvroConverter's rules (its default settings):
   `connect.default` on T.
 
 Values are the JSON payload's, with the base64 strings of bytes fields (Decimal,
-bytea, VariableScaleDecimal's value) as bytes.
+bytea, VariableScaleDecimal's value) as bytes; on the Kafka sink's row route the
+payload of a new row comes from debezium.DebeziumTable.new_rows.
 """
 
 from __future__ import annotations
@@ -29,18 +30,21 @@ from __future__ import annotations
 import io
 from base64 import b64decode
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import fastavro
 
-from pg2sink.changelog.records import Modification, Schema
+from pg2sink.changelog.records import Modification, Operation, Schema
+from pg2sink.formats.avro import avro_long
 from pg2sink.formats.base import Origin
 from pg2sink.formats.debezium import DebeziumEncoder, DebeziumTable
 from pg2sink.schema_registry import SchemaRegistry, key_subject, value_subject, wire_header
 
 if TYPE_CHECKING:
-    from pg2sink.formats.avro_native import NativeRowEncoder
+    from pg2sink.changelog.builder import TableShape
+    from pg2sink.formats.avro_native import Encode
 
 __all__ = ["DebeziumAvroFormat", "avro_schema", "avro_value"]
 
@@ -147,12 +151,10 @@ def avro_value(connect: Mapping[str, Any], value: Any) -> Any:
 class _AvroTable:
     """One table shape's keys and values in the wire format."""
 
-    __slots__ = ("_key", "_key_header", "_table", "_value", "_value_header", "native")
+    __slots__ = ("_key", "_key_header", "_table", "_value", "_value_header")
 
     def __init__(self, table: DebeziumTable, registry: SchemaRegistry, topic: str) -> None:
         self._table = table
-        #: no encoder from pgoutput's bytes: the Python path (formats/kafka.py)
-        self.native: NativeRowEncoder | None = None
         value_connect = table.value_schema
         value_avro = avro_schema(value_connect)
         self._value = _writer(value_connect, value_avro)
@@ -173,6 +175,60 @@ class _AvroTable:
 
     def value(self, m: Modification) -> bytes:
         return self._value_header + self._value(self._table.payload(m))
+
+    def row_encoder(self, shape: TableShape) -> Encode | None:
+        """The encoder of this shape's new rows from pgoutput's bytes to what `key` and
+        `value` write (formats.kafka.TableFormat): the row by the writer of its own
+        record (Avro's record is its fields one after the other), the envelope's bytes
+        around it made once per transaction and operation (`_around`)."""
+        payloads = self._table.new_rows(shape)
+        if payloads is None:
+            return None
+        after = self._table.value_schema["fields"][1]  # the row's struct
+        write_row = _writer(after, avro_schema(after))
+        key_writer, key_header = self._key, self._key_header
+        value_header = self._value_header
+        envelope: object = None  # the transaction's (new_rows makes one per transaction)
+        pieces: dict[Operation, tuple[bytes, bytes]] = {}
+
+        def encode(
+            data: bytes, commit_time: datetime, sequence: int, lsn: int, xid: int, op: Operation
+        ) -> tuple[bytes | None, bytes] | None:
+            nonlocal envelope, pieces
+            got = payloads(data, commit_time, lsn, xid, op)
+            if got is None:
+                return None
+            key, payload = got
+            if payload is not envelope:
+                envelope, pieces = payload, {}
+            around = pieces.get(op)
+            if around is None:
+                around = pieces[op] = self._around(payload)
+            key_bytes = None if key is None or key_writer is None else key_header + key_writer(key)
+            # before null, after its union's branch 1, the row, the rest with lsn's long
+            row = write_row(payload["after"])
+            head, tail = around
+            return key_bytes, b"".join(
+                (value_header, b"\x00\x02", row, head, b"\x02", avro_long(lsn), tail)
+            )
+
+        return encode
+
+    def _around(self, payload: dict[str, Any]) -> tuple[bytes, bytes]:
+        """The envelope's bytes after the row, before and after the lsn's: those of
+        `payload` with a null row and lsn and with lsn 0 differ in that union only (a
+        null's byte, long 0's two)."""
+        source = payload["source"]
+        saved = payload["after"], source["lsn"]
+        payload["after"] = source["lsn"] = None
+        none = self._value(payload)
+        source["lsn"] = 0
+        zero = self._value(payload)
+        payload["after"], source["lsn"] = saved
+        at = next(i for i, (a, b) in enumerate(zip(none, zero, strict=False)) if a != b)
+        if none[:2] != b"\x00\x00" or none[at:] != b"\x00" + zero[at + 2 :]:
+            raise AssertionError("Debezium's envelope: before, after first, lsn a long")
+        return none[2:at], none[at + 1 :]
 
 
 def _writer(connect: Mapping[str, Any], avro: Any) -> Callable[[Any], bytes]:
