@@ -179,13 +179,7 @@ def _compare(captured: Captured, fmt: Format, prefix: str) -> list[bytes]:
     for data, m in captured.changes:
         encode = encoders[m.name]
         assert encode is not None
-        try:
-            got = encode(data, m.timestamp, m.sequence, m.lsn, m.xid, m.operation)
-        except ValueError:
-            # what the format cannot hold (a 2-D array in Avro): the record route's error
-            with pytest.raises(ValueError):
-                tables[m.name].value(m)
-            continue
+        got = encode(data, m.timestamp, m.sequence, m.lsn, m.xid, m.operation)
         if got is None:
             continue
         assert m.after is not None and m.before is None
