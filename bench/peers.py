@@ -38,7 +38,8 @@ Method
      scripts/debezium.py fetches and the run puts on run.sh's lib/* class path;
      `--no-debezium-avro` skips it);
    - `pg2sink --sink kafka` with `--format avro` (acks=all, idempotent), `json`, and
-     `debezium` when this pg2sink has that format.
+     `debezium` (JSON, as Debezium's run) and `debezium --debezium-avro` when this
+     pg2sink has that format.
    Each is timed from process start until its table topic holds every change (sum of
    the partitions' high watermarks, polled every 0.2 s); the tool's CPU seconds are
    utime+stime (with reaped children) of its process tree from /proc, read at that
@@ -411,11 +412,13 @@ def run_pg2sink_stream(
     expected: int,
     timeout: float,
 ) -> Result:
-    """`python -m pg2sink --sink kafka --format FMT` on `slot` until its topic is full."""
-    prefix = f"pg2sink_{fmt}_{uuid.uuid4().hex[:6]}"
+    """`python -m pg2sink --sink kafka --format FMT` on `slot` until its topic is full
+    (FMT debezium-avro: --format debezium --debezium-avro)."""
+    prefix = f"pg2sink_{fmt.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
     argv = pg2sink_argv(dsn, slot, PG2SINK_PUBLICATION, kafka_sink_args(kafka, prefix))
-    argv += ["--format", fmt]
-    name = f"pg2sink --sink kafka --format {fmt}"
+    options = ["--format", "debezium", "--debezium-avro"] if fmt == "debezium-avro" else []
+    argv += options or ["--format", fmt]
+    name = f"pg2sink --sink kafka {' '.join(options or ['--format', fmt])}"
     print(f"  {name}: {shlex.join(argv)}", flush=True)
     stderr = tmp / f"pg2sink_{fmt}.stderr"
     child = Child.spawn(argv, tmp / f"pg2sink_{fmt}.stdout", stderr)
@@ -440,14 +443,16 @@ def streaming(
         round(stream.FULL_SMALL_TXNS * args.scale),
     )
     sizes.check()
-    formats = [f for f in ("avro", "json", "debezium") if f in pg2sink_formats()]
+    formats: list[str] = [f for f in ("avro", "json", "debezium") if f in pg2sink_formats()]
+    formats += ["debezium-avro"] if "debezium" in formats else []
     dbz_runs = ["json", "avro"] if args.debezium_avro else ["json"]
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(TABLE)))
         create_bench_table(conn)
         create_publication(conn, PG2SINK_PUBLICATION, TABLE)
         create_publication(conn, DEBEZIUM_PUBLICATION, TABLE)
-        slots = [f"peers_dbz_{f}" for f in dbz_runs] + [f"peers_pg2sink_{f}" for f in formats]
+        slots = [f"peers_dbz_{f}" for f in dbz_runs]
+        slots += [f"peers_pg2sink_{f.replace('-', '_')}" for f in formats]
         for slot in slots:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         print(f"workload: {sizes.changes:,} changes (scale {args.scale}) ...", flush=True)
@@ -484,12 +489,11 @@ def streaming(
             print(f"  {line(r)}", flush=True)
             drop_slot(conn, f"peers_dbz_{fmt}")
         for fmt in formats:
-            r = run_pg2sink_stream(
-                dsn, f"peers_pg2sink_{fmt}", fmt, kafka, tmp, work.changes, args.timeout
-            )
+            slot = f"peers_pg2sink_{fmt.replace('-', '_')}"
+            r = run_pg2sink_stream(dsn, slot, fmt, kafka, tmp, work.changes, args.timeout)
             results.append(r)
             print(f"  {line(r)}", flush=True)
-            drop_slot(conn, f"peers_pg2sink_{fmt}")
+            drop_slot(conn, slot)
     return work.changes, results
 
 

@@ -27,21 +27,36 @@ The value is the envelope, keys in Debezium's order:
   TRUNCATE.
 
 Where pg2sink differs is listed in docs/formats.md.
+
+On the Kafka sink an Insert's or an Update's new row takes the row route: `row_encoder`
+reads it from pgoutput's bytes with the column converters of debezium_types.text_reader
+(the row reader of logical.fastpath: C under PG2SINK_IMPL=c) into the envelope the
+record route writes for the same change, byte for byte, without a Modification; what
+that reader declines (an old tuple, a value only the record route handles) takes the
+record route.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from pg2sink import __version__
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.formats.base import Origin, columns_of, key_columns
-from pg2sink.formats.debezium_types import FieldType, convert_value, field_type
+from pg2sink.formats.debezium_types import FieldType, convert_value, field_type, text_reader
 from pg2sink.formats.jsonenc import dumps
+from pg2sink.logical.fastpath import compile_row_reader
+from pg2sink.logical.messages import UNCHANGED_TOAST
 
-__all__ = ["OPS", "VERSION", "DebeziumEncoder", "DebeziumTable"]
+if TYPE_CHECKING:
+    from pg2sink.changelog.builder import TableShape
+    from pg2sink.formats.avro_native import Encode
+
+__all__ = ["OPS", "VERSION", "DebeziumEncoder", "DebeziumFormat", "DebeziumTable", "Payloads"]
 
 #: source.version: pg2sink's, so that a reader can tell who wrote the event
 VERSION = f"pg2sink-{__version__}"
@@ -124,13 +139,30 @@ TRANSACTION_SCHEMA: dict[str, Any] = {
 }
 
 
+#: (Insert or Update message, commit time, lsn, xid, operation) -> (the key struct's
+#: values or None, the envelope's values) or None (declined); see DebeziumTable.new_rows
+Payloads = Callable[
+    [bytes, datetime, int, int, Operation],
+    "tuple[dict[str, object] | None, dict[str, object]] | None",
+]
+
+
 class DebeziumTable:
-    __slots__ = ("_fields", "_key_schema", "_keys", "_name", "_origin", "_value_schema")
+    __slots__ = (
+        "_columns",
+        "_fields",
+        "_key_schema",
+        "_keys",
+        "_name",
+        "_origin",
+        "_value_schema",
+    )
 
     def __init__(self, schema: Schema, origin: Origin, schemas: bool) -> None:
         self._origin = origin
         self._keys = key_columns(schema)
-        self._fields: dict[str, FieldType] = {c.name: field_type(c) for c in columns_of(schema)}
+        self._columns = columns_of(schema)
+        self._fields: dict[str, FieldType] = {c.name: field_type(c) for c in self._columns}
         self._name = f"{origin.name}.{schema.namespace}.{schema.name}"
         self._value_schema = self._envelope_schema() if schemas else None
         self._key_schema = self._key_struct() if schemas and self._keys else None
@@ -210,7 +242,7 @@ class DebeziumTable:
             return dumps(payload)
         return dumps({"schema": self._value_schema, "payload": payload})
 
-    def payload(self, m: Modification) -> dict[str, object]:
+    def payload(self, m: Modification) -> dict[str, Any]:
         """The envelope's values (JsonConverter's JSON form)."""
         ts_us = (m.timestamp - _EPOCH) // _MICROSECOND
         ts_ms, ts_ns = ts_us // 1000, ts_us * 1000
@@ -242,6 +274,96 @@ class DebeziumTable:
             "ts_us": ts_us,
             "ts_ns": ts_ns,
         }
+
+    def new_rows(self, shape: TableShape) -> Payloads | None:
+        """What `key_payload` and `payload` give for the Insert or Update (without old
+        tuple) whose message `data` is, read from its bytes (module docstring); None
+        when `shape` is not this table's. The envelope returned is reused for the next
+        change: encode it before."""
+        columns = shape.columns
+        if columns != tuple(self._fields):
+            return None
+        read = compile_row_reader(
+            columns,
+            [
+                text_reader(self._fields[c.name], c, codec)
+                for c, codec in zip(self._columns, shape.codecs, strict=True)
+            ],
+        )
+        # what an unchanged TOASTed value (the reader's UNCHANGED_TOAST) is in each column
+        unavailable = {n: convert_value(ft, UNCHANGED_TOAST) for n, ft in self._fields.items()}
+        keys = self._keys
+        ops = OPS
+        # the envelope of the transaction last seen: only lsn, op and after change within it
+        time: datetime | None = None
+        transaction = -1
+        payload: dict[str, Any] = {}
+        source: dict[str, Any] = {}
+
+        def payloads(
+            data: bytes, commit_time: datetime, lsn: int, xid: int, op: Operation
+        ) -> tuple[dict[str, object] | None, dict[str, object]] | None:
+            nonlocal time, transaction, payload, source
+            after = read(data)
+            if after is None:
+                return None
+            if UNCHANGED_TOAST in after.values():
+                after = {n: unavailable[n] if v is UNCHANGED_TOAST else v for n, v in after.items()}
+            if commit_time is not time or xid != transaction:
+                time, transaction = commit_time, xid
+                payload = self.payload(
+                    Modification(
+                        commit_time, 0, lsn, xid, op, shape.namespace, shape.name, None, None
+                    )
+                )
+                source = payload["source"]
+            payload["after"] = after
+            payload["op"] = ops[op]
+            source["lsn"] = lsn
+            return ({k: after[k] for k in keys} if keys else None), payload
+
+        return payloads
+
+    def row_encoder(self, shape: TableShape) -> Encode | None:
+        """The Kafka sink's encoder of this shape's new rows from pgoutput's bytes to
+        the key and value `key` and `value` write (formats.kafka.TableFormat)."""
+        payloads = self.new_rows(shape)
+        if payloads is None:
+            return None
+        value_schema = self._value_schema
+        key_schema = self._key_schema
+        # the schemas' JSON written once (--debezium-schemas)
+        value_json = orjson.Fragment(dumps(value_schema)) if value_schema is not None else None
+        key_json = orjson.Fragment(dumps(key_schema)) if key_schema is not None else None
+
+        def encode(
+            data: bytes, commit_time: datetime, sequence: int, lsn: int, xid: int, op: Operation
+        ) -> tuple[bytes | None, bytes] | None:
+            got = payloads(data, commit_time, lsn, xid, op)
+            if got is None:
+                return None
+            key, payload = got
+            if key is not None:
+                key = key if key_json is None else {"schema": key_json, "payload": key}
+            if value_json is not None:
+                payload = {"schema": value_json, "payload": payload}
+            return (None if key is None else dumps(key)), dumps(payload)
+
+        return encode
+
+
+class DebeziumFormat:
+    """The Kafka sink's Format (formats/kafka.py) of --format debezium in JSON: the
+    tables' DebeziumTable, with their row route; no registry."""
+
+    def __init__(self, origin: Origin, schemas: bool) -> None:
+        self._encoder = DebeziumEncoder(origin, schemas)
+
+    def table(self, schema: Schema, topic: str) -> DebeziumTable:
+        return self._encoder.table(schema)
+
+    def close(self) -> None:
+        pass
 
 
 class DebeziumEncoder:

@@ -9,6 +9,8 @@ json: the value is the file sink's JSON line of the Modification (without the ne
 pg-kinesis, wal-listener, psql-streamer, debezium: the value is the formats/ encoder's
   message (docs/formats.md), the key the JSON object of the key columns (Debezium's key
   struct for debezium); Schema records (--schema-topic) and messages stay pg2sink's JSON.
+  Debezium's (formats.debezium.DebeziumFormat, and DebeziumAvroFormat with
+  --debezium-avro) encode new rows from pgoutput's bytes as Avro does (row_encoder).
 
 Tables without a key (no primary key, REPLICA IDENTITY FULL or NOTHING), and TRUNCATE
 messages, have a null key.
@@ -20,9 +22,10 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Protocol
 
+from pg2sink.changelog.builder import TableShape
 from pg2sink.changelog.records import Modification, Operation, Schema
 from pg2sink.formats.avro import TableEncoder
-from pg2sink.formats.avro_native import NativeRowEncoder
+from pg2sink.formats.avro_native import Encode, NativeRowEncoder
 from pg2sink.formats.base import Encoder
 from pg2sink.formats.base import TableEncoder as FormatTable
 from pg2sink.formats.jsonenc import dumps
@@ -65,8 +68,11 @@ class TableFormat(Protocol):
         """The message value of a change."""
         ...
 
-    #: the encoder of new rows from pgoutput's bytes, if any (Avro only)
-    native: NativeRowEncoder | None
+    def row_encoder(self, shape: TableShape) -> Encode | None:
+        """The encoder of the new rows of `shape` (the table's Relation, after this
+        Schema record) from pgoutput's bytes to the same key and value; None: every
+        change takes the record route."""
+        ...
 
 
 class Format(Protocol):
@@ -99,6 +105,9 @@ class _AvroTable:
         )
         self.native = NativeRowEncoder.build(encoder, key_header, value_header)
 
+    def row_encoder(self, shape: TableShape) -> Encode | None:
+        return self.native.encode if self.native is not None else None
+
 
 class AvroFormat:
     """--format avro: registers each table shape, then writes the wire format."""
@@ -119,11 +128,13 @@ class AvroFormat:
 
 
 class _JsonTable:
-    __slots__ = ("_key_columns", "native")
+    __slots__ = ("_key_columns",)
 
     def __init__(self, key_columns: tuple[str, ...]) -> None:
         self._key_columns = key_columns
-        self.native: NativeRowEncoder | None = None  # JSON values take the Python path
+
+    def row_encoder(self, shape: TableShape) -> Encode | None:
+        return None  # JSON values take the record route
 
     def key(self, row: Mapping[str, object]) -> bytes | None:
         if not self._key_columns:
@@ -147,17 +158,19 @@ class JsonFormat:
 
 
 class _EncoderTable:
-    __slots__ = ("key", "native", "value")
+    __slots__ = ("key", "value")
 
     def __init__(self, table: FormatTable) -> None:
         self.key: Callable[[Mapping[str, object]], bytes | None] = table.key
         self.value: Callable[[Modification], bytes] = table.value
-        self.native: NativeRowEncoder | None = None  # the Python path
+
+    def row_encoder(self, shape: TableShape) -> Encode | None:
+        return None  # the record route
 
 
 class EncoderFormat:
-    """A formats/ encoder's messages (--format pg-kinesis, wal-listener, psql-streamer,
-    debezium); no registry."""
+    """A formats/ encoder's messages (--format pg-kinesis, wal-listener, psql-streamer);
+    no registry."""
 
     def __init__(self, encoder: Encoder) -> None:
         self._encoder = encoder

@@ -178,6 +178,7 @@ def message_format(cfg: KafkaConfig, registry: SchemaRegistry | None = None) -> 
     of --schema-registry-url), ConfigError without one. (Its imports are the sink's,
     not the CLI's, which reads this module for the options.)"""
     from pg2sink.formats.base import Origin
+    from pg2sink.formats.debezium import DebeziumFormat
     from pg2sink.formats.kafka import AvroFormat, EncoderFormat, JsonFormat
     from pg2sink.formats.registry import encoder
 
@@ -186,7 +187,9 @@ def message_format(cfg: KafkaConfig, registry: SchemaRegistry | None = None) -> 
     f = cfg.formatting
     if cfg.format != "avro" and not f.debezium_avro:
         origin = Origin(f.host, f.database, cfg.topic_prefix)
-        return EncoderFormat(encoder(cfg.format, origin, f.debezium_schemas))
+        if cfg.format == "debezium":
+            return DebeziumFormat(origin, f.debezium_schemas)
+        return EncoderFormat(encoder(cfg.format, origin))
     if registry is None:
         if not cfg.schema_registry_url:
             raise ConfigError("--format avro needs --schema-registry-url (or use --format json)")

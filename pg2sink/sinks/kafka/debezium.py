@@ -13,6 +13,7 @@ position: a checkpoint never falls between them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
 from pg2sink.changelog.records import Modification, Operation, Record, Schema
@@ -43,8 +44,8 @@ class DebeziumKeyChanges(KafkaSink):
             and record.before is not None
             and self._key_changed(record)
         ):
-            super().write(_with(record, Operation.DELETE, record.before, None))
-            super().write(_with(record, Operation.INSERT, None, record.after))
+            super().write(replace(record, operation=Operation.DELETE, after=None))
+            super().write(replace(record, operation=Operation.INSERT, before=None))
             return
         super().write(record)
 
@@ -55,17 +56,6 @@ class DebeziumKeyChanges(KafkaSink):
             if not isinstance(new, UnchangedToast) and before.get(column) != new:
                 return True
         return False
-
-
-def _with(
-    m: Modification,
-    operation: Operation,
-    before: dict[str, object] | None,
-    after: dict[str, object] | None,
-) -> Modification:
-    return Modification(
-        m.timestamp, m.sequence, m.lsn, m.xid, operation, m.namespace, m.name, before, after
-    )
 
 
 _CLASSES: dict[type[KafkaSink], type[KafkaSink]] = {}

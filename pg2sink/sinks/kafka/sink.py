@@ -223,14 +223,13 @@ class KafkaSink:
 
     def row_writer(self, table: TableShape) -> RowWriter | None:
         """The writer of this table's new rows (sinks.base.WritesRows): key and value from
-        pgoutput's bytes by the table's native encoder, produced as write() would; False
-        when it declines a message (write() then gets it); None: no native encoder."""
+        pgoutput's bytes by the format's row encoder, produced as write() would; False
+        when it declines a message (write() then gets it); None: no row encoder."""
         entry = self._tables.get((table.namespace, table.name))
-        native = entry[1].native if entry is not None else None
-        if entry is None or native is None:
+        encode = entry[1].row_encoder(table) if entry is not None else None
+        if entry is None or encode is None:
             return None
         topic = entry[0]
-        encode = native.encode
         produce = self._produce
         headers = self._headers
         # _produce() inline for this sink's own producing (a subclass's _produce decides
