@@ -47,7 +47,7 @@ from tests.sinks.convergence_support import (
     table_rows,
 )
 from tests.sinks.kafka.kafka_support import create_topic, read_committed
-from tests.sinks.warehouse_support import PROJECT, UNSPACED, bq_rows, duck_query
+from tests.sinks.warehouse_support import PROJECT, bigquery_args, bq_rows, duck_query
 from tests.support import FAST, Proc
 
 pytestmark = pytest.mark.slow
@@ -109,11 +109,7 @@ class Sink:
         else:
             self.endpoint = request.getfixturevalue("bigquery_endpoint")
             self.dataset = f"{PROJECT}.d_{prefix}"
-            self.args = [
-                "--sink", "bigquery", "--bigquery-project", PROJECT,
-                "--bigquery-dataset", f"d_{prefix}", "--bigquery-endpoint", self.endpoint,
-                *UNSPACED,
-            ]  # fmt: skip
+            self.args = bigquery_args(self.endpoint, prefix)
 
     def state(self) -> list[Row]:
         """The sink's current state of `t`, rows as table_rows() gives them."""

@@ -20,6 +20,15 @@ PROJECT = "pg2sink-tests"
 UNSPACED = ("--bigquery-load-interval", "0s")
 
 
+def bigquery_args(endpoint: str, prefix: str) -> list[str]:
+    """pg2sink's options for dataset `d_<prefix>` of local-bigquery at `endpoint`, each
+    batch loaded as it comes (its tables: `PROJECT.d_<prefix>.<table>`)."""
+    return [
+        "--sink", "bigquery", "--bigquery-project", PROJECT,
+        "--bigquery-dataset", f"d_{prefix}", "--bigquery-endpoint", endpoint, *UNSPACED,
+    ]  # fmt: skip
+
+
 def normal(value: Any) -> Any:
     """A value as both databases' Python drivers can agree on it."""
     if isinstance(value, uuid.UUID):

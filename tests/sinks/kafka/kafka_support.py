@@ -15,11 +15,13 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+def create_topic(
+    bootstrap: str, topic: str, partitions: int, config: dict[str, str] | None = None
+) -> None:
+    """Create `topic`; `config`: its topic-level settings (max.message.bytes...)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[
-        topic
-    ].result(30)
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {})
+    admin.create_topics([new])[topic].result(30)
 
 
 def as_bytes(data: str | bytes | None) -> bytes | None:

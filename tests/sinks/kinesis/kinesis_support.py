@@ -50,7 +50,10 @@ def read_stream(client: KinesisClient, name: str) -> list[tuple[str, str, bytes]
         while True:
             got = client.get_records(ShardIterator=iterator, Limit=10000)
             out += [(shard["ShardId"], r["PartitionKey"], r["Data"]) for r in got["Records"]]
-            if not got["Records"] or got.get("MillisBehindLatest", 0) == 0:
+            # a response holds at most 10 MB: MillisBehindLatest may say 0 (the records
+            # were put within the same millisecond) while more follow; the shard is read
+            # to its end when a response is empty and not behind
+            if not got["Records"] and got.get("MillisBehindLatest", 0) == 0:
                 break
             iterator = got["NextShardIterator"]
     return out

@@ -32,7 +32,7 @@ class Stored:
         return loads(self.data, exact_numbers=True)
 
 
-async def _stored(url: str, stream: str) -> list[Stored]:
+async def _stored(url: str, stream: str, batch: int) -> list[Stored]:
     nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
     try:
         js = nc.jetstream(timeout=5)
@@ -40,11 +40,11 @@ async def _stored(url: str, stream: str) -> list[Stored]:
         out: list[Stored] = []
         if not total:
             return out
-        # an ephemeral pull consumer of the whole stream: a thousand messages a request
+        # an ephemeral pull consumer of the whole stream
         config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
         sub = await js.pull_subscribe(">", stream=stream, config=config)
         while len(out) < total:
-            for m in await sub.fetch(min(1000, total - len(out)), timeout=10):
+            for m in await sub.fetch(min(batch, total - len(out)), timeout=30):
                 out.append(Stored(m.subject, m.data, dict(m.headers or {})))
         await sub.unsubscribe()
         return out
@@ -52,9 +52,10 @@ async def _stored(url: str, stream: str) -> list[Stored]:
         await nc.close()
 
 
-def stored(url: str, stream: str) -> list[Stored]:
-    """Every message of `stream`, in stream order."""
-    return asyncio.run(_stored(url, stream))
+def stored(url: str, stream: str, batch: int = 1000) -> list[Stored]:
+    """Every message of `stream`, in stream order, `batch` messages a request (fewer for
+    large messages: a request's answer must arrive within its timeout)."""
+    return asyncio.run(_stored(url, stream, batch))
 
 
 async def delete_stream(url: str, stream: str) -> None:
