@@ -312,7 +312,7 @@ class StreamConfig:
         help="heap of the Spark driver JVM (512m, 4g...), which with local[*] also runs the "
         "import's tasks; an OutOfMemoryError names this option; it also sizes the bytes "
         "each task reads and batches at once (default: a quarter of this machine's memory, "
-        "1g to 16g)",
+        "1g to 2g)",
         parse=parse_jvm_memory,
         metavar="SIZE",
     )

@@ -37,10 +37,13 @@ DRIVER_JIT = (
 DRIVER_OOM = "-XX:+ExitOnOutOfMemoryError"
 #: The driver's heap without --spark-driver-memory: this share of the machine's memory
 #: (or of the cgroup's limit), within the bounds below. Spark's own default (1g) is what
-#: a local import of 200 KB rows ran out of on a busy machine.
+#: a local import of 200 KB rows ran out of on a busy machine before the task budgets
+#: below bounded reads by bytes. More than 2g only costs the JVM CPU (its young
+#: generation grows with the heap): `BENCH_CPU_BY_PROCESS=1 make bench-import
+#: ARGS="--sink kafka --spark-driver-memory 6g"` against 2g.
 DRIVER_MEMORY_SHARE = 4
 DRIVER_MEMORY_MIN = 1 << 30
-DRIVER_MEMORY_MAX = 16 << 30
+DRIVER_MEMORY_MAX = 2 << 30
 #: Bytes one task reads (a JDBC fetch) or hands to its Python worker (an Arrow batch) at
 #: once: the driver's heap over this many per task running at once, within the bounds
 #: below. A task holds about three such buffers (the fetched rows, Spark's copies, the
